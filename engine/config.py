@@ -1,0 +1,55 @@
+"""EngineConfig: the one configuration of the in-process engine, built once at the entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every knob of the engine. Unknown keyword names raise TypeError (see `from_kwargs`)."""
+
+    model_path: str = "smollm2"
+    device: str = "auto"  # "auto" -> cuda when available, else cpu
+    dtype: str = "auto"  # "auto" -> float32 on cpu, bfloat16 on cuda; also "float32" | "bfloat16" | "float16"
+    kv_cache_dtype: str = "auto"  # "auto" -> same as dtype
+    # KV pool size in tokens; None -> derived from mem_fraction_static on GPU or a CPU default
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.85
+    context_length: int | None = None  # None -> the model's max_position_embeddings
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 8192  # tokens per prefill batch
+    chunked_prefill_size: int = 2048  # a longer extend is split into chunks of this many tokens
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    # defer a waiting request whose uncached prefix this many tokens long is being prefilled in the same batch
+    in_batch_prefix_threshold: int = 32
+    random_seed: int = 0
+    num_threads: int | None = None  # torch intra-op threads on CPU; None -> all cores
+    cache_dir: str | None = None
+    event_history: int = 10_000  # events kept for late subscribers (widgets)
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if self.chunked_prefill_size < 1 or self.max_prefill_tokens < 1:
+            raise ValueError("chunked_prefill_size and max_prefill_tokens must be positive")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> EngineConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; valid options: {sorted(names - {'extra'})}")
+        return cls(**kwargs)  # type: ignore[arg-type]

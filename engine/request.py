@@ -1,0 +1,68 @@
+"""Req: one generation request as the scheduler sees it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sgnb.engine.radix_cache import TreeNode
+from sgnb.engine.sampling_params import SamplingParams
+
+
+class Req:
+    """Token-level state of a request.
+
+    KV bookkeeping: the first `kv_len` tokens of `fill_ids` have K/V in the pool at
+    req_to_token[req_pool_idx, :kv_len]; the first `cached_len` of those are owned by the radix tree and
+    protected by the lock on `last_node`; the rest are owned by this request.
+    """
+
+    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *, return_logprob: bool = False,
+                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                 on_update: Callable[[Req], None] | None = None) -> None:
+        self.rid = rid
+        self.origin_input_ids = input_ids
+        self.sampling = sampling
+        self.output_ids: list[int] = []
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len if return_logprob else -1
+        self.top_logprobs_num = top_logprobs_num if return_logprob else 0
+        self.on_update = on_update
+        # KV state (scheduler thread only)
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: TreeNode | None = None
+        self.cached_tokens = -1  # prompt tokens served by the cache at first admission (-1: not yet)
+        self.num_retractions = 0
+        self.generator: torch.Generator | None = None
+        # outputs
+        self.text = ""
+        self.finish_reason: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.input_token_logprobs: list[tuple] = []
+        self.input_top_logprobs: list[list[tuple] | None] = []
+        self.output_token_logprobs: list[tuple] = []
+        self.output_top_logprobs: list[list[tuple] | None] = []
+        self.input_logprobs_done = not (return_logprob and logprob_start_len >= 0)
+        self.abort_requested = False
+        self.created = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def remaining_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    def __repr__(self) -> str:
+        return f"Req({self.rid}, prompt={len(self.origin_input_ids)}, out={len(self.output_ids)}, kv={self.kv_len})"

@@ -1,0 +1,106 @@
+"""SamplingParams: the one definition of what a generation request may ask for (SGLang's names)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling parameters. Build with `SamplingParams.from_dict`, copy with `dataclasses.replace`."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 -> whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    stop_regex: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: int | None = None
+    # structured output (compiled by the grammar backend; validated there)
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"sampling_params.{name}={getattr(self, name)!r}: {why}")
+
+        if self.max_new_tokens is None or self.max_new_tokens < 0:
+            raise bad("max_new_tokens", "must be >= 0")
+        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise bad("min_new_tokens", "must be in [0, max_new_tokens]")
+        if not self.temperature >= 0.0:
+            raise bad("temperature", "must be >= 0 (0 means greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise bad("top_k", "must be -1 (disabled) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "must be in [-2, 2]")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad("repetition_penalty", "must be in (0, 2]")
+        if self.n < 1:
+            raise bad("n", "must be >= 1")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise bad("stop", "stop strings must be non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative ints")
+        for pattern in self.stop_regex:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise bad("stop_regex", f"invalid regular expression {pattern!r}: {e}") from None
+        if sum(x is not None for x in (self.regex, self.json_schema, self.ebnf)) > 1:
+            raise ValueError("sampling_params: give at most one of regex, json_schema, ebnf")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
+        """Validate a user dict. Unknown names raise TypeError naming them; bad values raise ValueError."""
+        params = dict(params or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - names)
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s) {unknown}; valid names: {sorted(names)}")
+        for key in ("stop", "stop_regex"):
+            value = params.get(key)
+            if value is None:
+                params.pop(key, None)
+            elif isinstance(value, str):
+                params[key] = (value,)
+            else:
+                params[key] = tuple(value)
+        if params.get("stop_token_ids") is not None:
+            params["stop_token_ids"] = tuple(int(t) for t in params["stop_token_ids"])
+        else:
+            params.pop("stop_token_ids", None)
+        # SGLang accepts None for "use the default" on most fields
+        params = {k: v for k, v in params.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
+        if isinstance(params.get("json_schema"), dict):
+            import json
+
+            params["json_schema"] = json.dumps(params["json_schema"])
+        return cls(**params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,47 @@
+"""Which waiting request goes first: lpm (longest cached prefix), dfs-weight (depth-first over the radix tree,
+heaviest subtrees first, so requests sharing a prefix run together), fcfs (arrival order)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sgnb.engine.radix_cache import RadixCache, TreeNode
+from sgnb.engine.request import Req
+
+# Past this many waiting requests, lpm costs more than it saves: fall back to arrival order (as SGLang does).
+LPM_MAX_QUEUE = 128
+
+
+def order_waiting(policy: str, waiting: list[Req], tree: RadixCache) -> list[Req]:
+    if policy == "fcfs" or tree.disable or len(waiting) <= 1:
+        return list(waiting)
+    if policy == "lpm":
+        if len(waiting) > LPM_MAX_QUEUE:
+            return list(waiting)
+        keyed = [(tree.prefix_len(r.fill_ids), i, r) for i, r in enumerate(waiting)]
+        keyed.sort(key=lambda x: (-x[0], x[1]))  # stable: ties keep arrival order
+        return [r for _, _, r in keyed]
+    if policy == "dfs-weight":
+        return _dfs_weight(waiting, tree)
+    raise ValueError(f"unknown schedule policy {policy!r}")
+
+
+def _dfs_weight(waiting: list[Req], tree: RadixCache) -> list[Req]:
+    at_node: dict[int, list[Req]] = defaultdict(list)
+    weight: dict[int, int] = defaultdict(int)
+    for req in waiting:
+        node = tree.match_prefix(req.fill_ids).last_node
+        at_node[node.id].append(req)
+        walk: TreeNode | None = node
+        while walk is not None:
+            weight[walk.id] += 1
+            walk = walk.parent
+    out: list[Req] = []
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        out.extend(at_node.get(node.id, ()))
+        children = [c for c in node.children.values() if weight.get(c.id)]
+        children.sort(key=lambda c: weight[c.id])  # heaviest popped first
+        stack.extend(children)
+    return out

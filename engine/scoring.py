@@ -1,0 +1,34 @@
+"""Choice scoring for `select`: turn per-token logprobs of each choice into a decision."""
+
+from __future__ import annotations
+
+SCORING_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
+
+
+def choose(method: str, cond: list[list[float]], uncond: list[list[float]] | None = None) -> tuple[int, list[float]]:
+    """Returns (index of the chosen choice, one normalized score per choice).
+
+    - token_length_normalized: mean logprob of the choice's tokens.
+    - greedy_token_selection: compare choices token by token (highest first-token logprob wins, ties go to
+      the next token); a shorter choice is padded with its own mean so a prefix choice can still compete.
+    - unconditional_likelihood_normalized: mean of (logprob given the prefix - logprob without it), which
+      discounts choices that are likely anyway.
+    """
+    means = [sum(c) / len(c) for c in cond]
+    if method == "token_length_normalized":
+        return max(range(len(cond)), key=lambda i: (means[i], -i)), means
+    if method == "greedy_token_selection":
+        width = max(len(c) for c in cond)
+        rows = [c + [means[i]] * (width - len(c)) for i, c in enumerate(cond)]
+        alive = list(range(len(rows)))
+        for col in range(width):
+            best = max(rows[i][col] for i in alive)
+            alive = [i for i in alive if rows[i][col] == best]
+            if len(alive) == 1:
+                break
+        return alive[0], means
+    if method == "unconditional_likelihood_normalized":
+        assert uncond is not None and len(uncond) == len(cond)
+        scores = [(sum(c) - sum(u)) / len(c) for c, u in zip(cond, uncond)]
+        return max(range(len(cond)), key=lambda i: (scores[i], -i)), scores
+    raise ValueError(f"unknown choices_method {method!r}; valid: {SCORING_METHODS}")

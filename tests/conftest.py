@@ -1,0 +1,45 @@
+"""Shared fixtures: one real engine on the default model and the HF transformers oracle on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from sgnb.engine import Engine
+
+    eng = Engine("smollm2")
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_model(engine):
+    """transformers' LlamaForCausalLM (fp32) over the engine's converted weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sgnb.engine.model_loader import load_state_dict
+
+    cfg = LlamaConfig(**engine.source.config.to_hf_dict())
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).eval()
+    missing, unexpected = model.load_state_dict(load_state_dict(engine.source, torch.device("cpu"), torch.float32),
+                                                strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.tie_weights()
+    return model
+
+
+@pytest.fixture
+def hf_logprobs(hf_model):
+    """ids -> (len, vocab) float64 log-softmax of HF's logits at every position."""
+    import torch
+
+    def run(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([ids])).logits[0]
+        return logits.double().log_softmax(-1)
+
+    return run

@@ -1,0 +1,377 @@
+"""The engine against HF transformers on the same weights, plus cache accounting, batching, aborts and faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+TOL = 2e-4  # fp32 logprobs; different kernels and summation orders differ by ~1e-5
+
+PROMPT = ("The radix tree keeps the KV cache of every prompt it has seen, so a later request that shares a "
+          "prefix skips recomputing it. Here is a short story about a cat named Mo:")
+
+
+def _ids(engine, text: str) -> list[int]:
+    return engine.tokenizer.encode(text)
+
+
+def _assert_pool_consistent(engine) -> None:
+    """Idle engine: every KV slot is free or owned by the tree, none locked."""
+    deadline = time.time() + 10
+    while engine.scheduler.busy and time.time() < deadline:
+        time.sleep(0.01)
+    pool, tree = engine.runner.kv_pool, engine.tree
+    assert tree.protected_size == 0
+    assert pool.available + tree.total_size == pool.size
+    slots = tree.all_slots()
+    assert slots.unique().numel() == slots.numel()
+
+
+def test_prefill_logprobs_match_hf(engine, hf_logprobs):
+    ids = _ids(engine, PROMPT)
+    engine.flush_cache()
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    ref = hf_logprobs(ids)
+    got = out["meta_info"]["input_token_logprobs"]
+    assert got[0][0] is None and got[0][1] == ids[0]
+    assert len(got) == len(ids)
+    for pos in range(1, len(ids)):
+        lp, tok, _ = got[pos]
+        assert tok == ids[pos]
+        assert abs(lp - ref[pos - 1, tok].item()) < TOL, pos
+    # top-3 at each position are HF's top-3 (ids may swap only on near-ties)
+    tops = out["meta_info"]["input_top_logprobs"]
+    for pos in range(1, len(ids)):
+        ref_vals = ref[pos - 1].topk(3).values.tolist()
+        assert [round(v, 3) for v, _, _ in tops[pos]] == pytest.approx([round(v, 3) for v in ref_vals], abs=2e-3)
+    # the first sampled token's logprob is HF's at the last position
+    lp, tok, _ = out["meta_info"]["output_token_logprobs"][0]
+    assert abs(lp - ref[-1, tok].item()) < TOL
+    assert ref[-1, tok].item() >= ref[-1].max().item() - 1e-4
+
+
+def test_decode_on_cached_prefix_matches_hf(engine, hf_logprobs):
+    """Greedy decode over a prefix served from the radix cache gives HF's logprobs at every step."""
+    ids = _ids(engine, PROMPT)
+    engine.flush_cache()
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})  # cache the prompt
+    longer = ids + _ids(engine, " Mo liked")
+    out = engine.generate(input_ids=longer, sampling_params={"max_new_tokens": 16, "temperature": 0,
+                                                              "ignore_eos": True},
+                          return_logprob=True, top_logprobs_num=2)
+    assert out["meta_info"]["cached_tokens"] == len(ids)
+    gen = [t for _, t, _ in out["meta_info"]["output_token_logprobs"]]
+    assert gen == out["output_ids"] and len(gen) == 16
+    ref = hf_logprobs(longer + gen)
+    for step, (lp, tok, _) in enumerate(out["meta_info"]["output_token_logprobs"]):
+        row = ref[len(longer) - 1 + step]
+        assert abs(lp - row[tok].item()) < TOL, step
+        top2 = row.topk(2).values
+        # greedy picked HF's argmax unless the two best are within tolerance of each other
+        assert row[tok].item() >= top2[0].item() - TOL, step
+
+
+def test_cached_kv_equals_recompute(engine):
+    """Logprobs of a continuation are the same whether its prefix KV came from the cache or was recomputed."""
+    ids = _ids(engine, PROMPT + " Mo was a curious cat who")
+    engine.flush_cache()
+    cold = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0},
+                           return_logprob=True)
+    assert cold["meta_info"]["cached_tokens"] == 0
+    warm = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0},
+                           return_logprob=True)
+    assert warm["meta_info"]["cached_tokens"] == len(ids) - 1  # the last token is recomputed for its logits
+    a = [lp for lp, _, _ in cold["meta_info"]["output_token_logprobs"]]
+    b = [lp for lp, _, _ in warm["meta_info"]["output_token_logprobs"]]
+    assert cold["output_ids"] == warm["output_ids"]
+    assert max(abs(x - y) for x, y in zip(a, b)) < TOL
+
+
+def test_chunked_prefill_matches_hf(hf_logprobs):
+    from sgnb.engine import Engine
+
+    with Engine("smollm2", chunked_prefill_size=7, max_prefill_tokens=16) as eng:
+        ids = _ids(eng, PROMPT)
+        out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0},
+                           return_logprob=True, logprob_start_len=0)
+        ref = hf_logprobs(ids)
+        got = out["meta_info"]["input_token_logprobs"]
+        assert len(got) == len(ids)
+        assert max(abs(lp - ref[p - 1, t].item()) for p, (lp, t, _) in enumerate(got) if p) < TOL
+        _assert_pool_consistent(eng)
+
+
+def test_exact_cached_tokens_accounting(engine):
+    engine.flush_cache()
+    a = list(range(1000, 1050))
+    b = a + list(range(2000, 2020))
+    c = a[:30] + list(range(3000, 3010))
+    sp = {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
+    assert engine.generate(input_ids=a, sampling_params=sp)["meta_info"]["cached_tokens"] == 0
+    assert engine.generate(input_ids=b, sampling_params=sp)["meta_info"]["cached_tokens"] == 50
+    assert engine.generate(input_ids=c, sampling_params=sp)["meta_info"]["cached_tokens"] == 30  # splits a node
+    assert engine.generate(input_ids=b, sampling_params=sp)["meta_info"]["cached_tokens"] == 69
+    # generated tokens are cached too: prompt + output of the earlier request is a prefix now
+    out = engine.generate(input_ids=a, sampling_params=sp)
+    again = engine.generate(input_ids=a + out["output_ids"][:1] + [5], sampling_params=sp)
+    assert again["meta_info"]["cached_tokens"] == 51
+    _assert_pool_consistent(engine)
+
+
+def _greedy(engine, prompts, n=12, **kw):
+    outs = engine.generate(prompts, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+                           return_logprob=True, top_logprobs_num=2, **kw)
+    return outs
+
+
+def _same_or_near_tie(a: dict, b: dict) -> None:
+    """Token sequences equal, or they first differ where the top-2 logit margin is below 1e-4."""
+    for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])):
+        if x != y:
+            top = a["meta_info"]["output_top_logprobs"][i]
+            assert abs(top[0][0] - top[1][0]) < 1e-4, f"diverged at {i} with margin {top[0][0] - top[1][0]}"
+            return
+
+
+def test_batch_invariance(engine):
+    target = PROMPT + " One morning"
+    others = [f"Question {i}: what is {i} plus {i * 3}? Answer:" for i in range(7)] + ["Hi", PROMPT * 2]
+    engine.flush_cache()
+    alone = _greedy(engine, [target])[0]
+    engine.flush_cache()
+    mixed = _greedy(engine, others[:4] + [target] + others[4:])[4]
+    _same_or_near_tie(alone, mixed)
+    lps_a = [lp for lp, _, _ in alone["meta_info"]["output_token_logprobs"]]
+    lps_m = [lp for lp, _, _ in mixed["meta_info"]["output_token_logprobs"]]
+    if alone["output_ids"] == mixed["output_ids"]:
+        assert max(abs(x - y) for x, y in zip(lps_a, lps_m)) < TOL
+
+
+def test_scheduling_policies_and_no_radix_agree(engine):
+    from sgnb.engine import Engine
+
+    prompts = [PROMPT + f" Chapter {i}." for i in range(5)] + ["Unrelated: the sea is"]
+    engine.flush_cache()
+    base = _greedy(engine, prompts, n=6)
+    for kw in ({"schedule_policy": "fcfs"}, {"schedule_policy": "dfs-weight"}, {"disable_radix_cache": True}):
+        with Engine("smollm2", **kw) as eng:
+            outs = _greedy(eng, prompts, n=6)
+            for a, b in zip(base, outs):
+                _same_or_near_tie(a, b)
+            if kw.get("disable_radix_cache"):
+                assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
+                assert eng.tree.total_size == 0
+            else:
+                assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 4 * 30
+            _assert_pool_consistent(eng)
+
+
+def test_64_concurrent_threads(engine):
+    engine.flush_cache()
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = engine.generate(f"{PROMPT} Item {i}:", {"max_new_tokens": 1 + i % 8, "temperature": 0.7,
+                                                                 "seed": i, "ignore_eos": True})
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and len(results) == 64
+    for i, r in results.items():
+        assert r["meta_info"]["completion_tokens"] == 1 + i % 8
+        assert r["meta_info"]["finish_reason"]["type"] == "length"
+    # the shared prompt was computed once and then served from the cache
+    assert sum(r["meta_info"]["cached_tokens"] for r in results.values()) >= 50 * len(_ids(engine, PROMPT)) * 0.9
+    # seeded sampling is reproducible
+    again = engine.generate(f"{PROMPT} Item 5:", {"max_new_tokens": 6, "temperature": 0.7, "seed": 5,
+                                                  "ignore_eos": True})
+    assert again["output_ids"] == results[5]["output_ids"]
+    _assert_pool_consistent(engine)
+
+
+def test_abort_frees_locks_and_slots(engine):
+    engine.flush_cache()
+    stream = engine.generate(PROMPT, {"max_new_tokens": 500, "ignore_eos": True, "temperature": 0}, stream=True)
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            break
+    stream.close()  # closing the stream aborts the request
+    _assert_pool_consistent(engine)
+    assert engine.get_stats()["requests_aborted"] >= 1
+
+    # abort by id while queued behind a long request, and while running
+    rid = "abort-me"
+    done = threading.Event()
+    box = {}
+
+    def run() -> None:
+        box["out"] = engine.generate(PROMPT, {"max_new_tokens": 400, "ignore_eos": True}, rid=rid)
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    engine.abort(rid)
+    assert done.wait(30)
+    assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert box["out"]["meta_info"]["completion_tokens"] < 400
+    _assert_pool_consistent(engine)
+    # the engine is still fine
+    assert engine.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_kv_exhaustion_retracts_and_finishes():
+    """A pool far smaller than the work: requests queue and get retracted, all finish with the same tokens."""
+    from sgnb.engine import Engine
+
+    prompts = [f"{PROMPT} Variant {i}:" for i in range(6)]
+    with Engine("smollm2") as big:
+        want = _greedy(big, prompts, n=40)
+    with Engine("smollm2", max_total_tokens=200, init_new_token_ratio=0.0, min_new_token_ratio=0.0) as small:
+        got = _greedy(small, prompts, n=40)
+        assert small.get_stats()["retractions"] > 0
+        for a, b in zip(want, got):
+            assert b["meta_info"]["completion_tokens"] == 40
+            _same_or_near_tie(a, b)
+        _assert_pool_consistent(small)
+
+
+def test_prompt_larger_than_pool_is_rejected():
+    from sgnb.engine import Engine
+
+    with Engine("smollm2", max_total_tokens=64) as eng:
+        with pytest.raises(ValueError, match="at most 63"):
+            eng.generate(PROMPT * 3, {"max_new_tokens": 1})
+        assert eng.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"prompt": ""}, ValueError, "empty"),
+        ({"prompt": "x " * 9000}, ValueError, "context length"),
+        ({"sampling_params": {"temperature": -1}}, ValueError, "temperature"),
+        ({"sampling_params": {"top_p": 0}}, ValueError, "top_p"),
+        ({"sampling_params": {"top_p": 1.5}}, ValueError, "top_p"),
+        ({"sampling_params": {"stop_regex": "(unclosed"}}, ValueError, "stop_regex"),
+        ({"sampling_params": {"max_tokens": 3}}, TypeError, "max_tokens"),
+        ({"prompt": None, "input_ids": [1, 2, 10**9]}, ValueError, "vocabulary"),
+        ({"return_logprob": True, "logprob_start_len": 999}, ValueError, "logprob_start_len"),
+    ],
+)
+def test_bad_input_is_rejected_before_model_work(engine, kwargs, exc, match):
+    before = engine.get_stats()
+    call = {"prompt": "Hello", **kwargs}
+    with pytest.raises(exc, match=match):
+        engine.generate(**call)
+    after = engine.get_stats()
+    assert after["prompt_tokens"] == before["prompt_tokens"]  # nothing reached the scheduler
+    assert engine.generate("Hello", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+
+
+def test_failure_inside_engine_fails_only_that_request(engine, monkeypatch):
+    sched = engine.scheduler
+    original = sched._check_finish
+
+    def faulty(req, token):
+        if req.rid.startswith("poison"):
+            raise RuntimeError("injected fault")
+        return original(req, token)
+
+    monkeypatch.setattr(sched, "_check_finish", faulty)
+    outs = engine.generate([PROMPT, PROMPT + " B", PROMPT + " C"], {"max_new_tokens": 5, "ignore_eos": True},
+                           rid=["ok-1", "poison-1", "ok-2"])
+    assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "injected fault" in outs[1]["meta_info"]["error"]
+    assert [o["meta_info"]["completion_tokens"] for o in (outs[0], outs[2])] == [5, 5]
+    monkeypatch.undo()
+    _assert_pool_consistent(engine)
+
+
+def test_stop_conditions(engine):
+    out = engine.generate("Count: 1, 2, 3, 4, 5, 6,", {"max_new_tokens": 30, "temperature": 0, "stop": [" 9"]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 9"}
+    assert " 9" not in out["text"] and out["text"].strip().startswith("7")
+    out = engine.generate("Count: 1, 2, 3, 4, 5, 6,", {"max_new_tokens": 30, "temperature": 0,
+                                                      "stop_regex": r"\b8\b"})
+    assert out["meta_info"]["finish_reason"]["matched"] == "8"
+    tok = engine.tokenizer.encode(" 7")[0]
+    out = engine.generate("Count: 1, 2, 3, 4, 5, 6,", {"max_new_tokens": 30, "temperature": 0,
+                                                      "stop_token_ids": [tok]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok}
+    out = engine.generate("Hi", {"max_new_tokens": 7, "min_new_tokens": 7, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] == 7
+
+
+def test_streaming_concatenates_to_full_text(engine):
+    sp = {"max_new_tokens": 40, "temperature": 0, "stop": [" the end", "."]}
+    full = engine.generate(PROMPT + "\nOnce upon a time", sp)
+    pieces = [c["text"] for c in engine.generate(PROMPT + "\nOnce upon a time", sp, stream=True)]
+    assert "".join(pieces) == full["text"] and len(pieces) > 2
+
+
+def test_async_generate(engine):
+    import asyncio
+
+    async def main():
+        outs = await asyncio.gather(*(engine.async_generate(f"{PROMPT} {i}", {"max_new_tokens": 3,
+                                                                              "ignore_eos": True})
+                                      for i in range(4)))
+        chunks = [c async for c in await engine.async_generate(PROMPT, {"max_new_tokens": 5, "ignore_eos": True},
+                                                               stream=True)]
+        return outs, chunks
+
+    outs, chunks = asyncio.run(main())
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [3, 3, 3, 3]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == 5
+
+
+def test_n_samples_and_sampling_params(engine):
+    outs = engine.generate(PROMPT, {"max_new_tokens": 5, "temperature": 1.0, "top_k": 20, "top_p": 0.9,
+                                    "min_p": 0.05, "n": 3, "seed": 7, "ignore_eos": True})
+    assert len(outs) == 3 and all(o["meta_info"]["completion_tokens"] == 5 for o in outs)
+    again = engine.generate(PROMPT, {"max_new_tokens": 5, "temperature": 1.0, "top_k": 20, "top_p": 0.9,
+                                     "min_p": 0.05, "n": 3, "seed": 7, "ignore_eos": True})
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in again]
+    # top_k=1 is greedy whatever the temperature
+    g = engine.generate(PROMPT, {"max_new_tokens": 5, "temperature": 0})["output_ids"]
+    k1 = engine.generate(PROMPT, {"max_new_tokens": 5, "temperature": 1.5, "top_k": 1})["output_ids"]
+    assert g == k1
+    # a strong repetition penalty changes a repetitive greedy continuation
+    rep = engine.generate("a a a a a a a a", {"max_new_tokens": 6, "temperature": 0})["output_ids"]
+    pen = engine.generate("a a a a a a a a", {"max_new_tokens": 6, "temperature": 0,
+                                              "repetition_penalty": 2.0})["output_ids"]
+    assert rep != pen
+
+
+@pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token_selection",
+                                    "unconditional_likelihood_normalized"])
+def test_choice_scoring_matches_hf(engine, hf_logprobs, method):
+    prefix = "Q: What color is a ripe banana?\nA:"
+    choices = [" yellow", " dark purple with spots", " blue"]
+    res = engine.score(prefix, choices, method)
+    for i, c in enumerate(choices):
+        full = engine.tokenizer.encode(prefix + c)
+        ref = hf_logprobs(full)
+        got = res["input_token_logprobs"][i]
+        n = len(got)
+        want = [ref[p - 1, full[p]].item() for p in range(len(full) - n, len(full))]
+        assert max(abs(a[0] - b) for a, b in zip(got, want)) < TOL
+    assert res["choice"] == choices[res["index"]]
+    if method == "token_length_normalized":
+        means = [sum(lp for lp, _, _ in row) / len(row) for row in res["input_token_logprobs"]]
+        assert res["normalized_prompt_logprobs"] == pytest.approx(means)
+        assert res["index"] == max(range(3), key=lambda i: means[i])
