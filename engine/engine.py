@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ class Engine:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         t0 = time.perf_counter()
         self.source = resolve_model(self.config.model_path, self.config.cache_dir)
-        self.tokenizer = load_tokenizer(self.source)
+        self.tokenizer = load_tokenizer(self.source, self.config.cache_dir)
         self.runner = ModelRunner(self.config, self.source)
         self.events = EventBus(self.config.event_history)
         self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
@@ -56,6 +57,8 @@ class Engine:
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(self.source.config.eos_token_ids)
         self.scheduler = Scheduler(self.config, self.runner, self.tree, self.events, eos, self.tokenizer.decode)
         self.scheduler.start()
+        # stop the thread at exit or when the engine is collected (a daemon thread dying inside torch aborts)
+        self._finalizer = weakref.finalize(self, self.scheduler.stop)
         self.load_seconds = time.perf_counter() - t0
         self._ids = itertools.count()
         self._closed = False
@@ -419,19 +422,13 @@ class Engine:
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
-            self.scheduler.stop()
+            self._finalizer()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-    def __del__(self) -> None:  # best effort: a forgotten engine must not keep a thread spinning
-        try:
-            self.shutdown()
-        except Exception:
-            pass
 
 
 def _common_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -42,8 +42,8 @@ class KVPool:
         self.dtype = dtype
         self.device = device
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
         self._pending: list[torch.Tensor] = []  # freed slots, merged lazily (cat is cheaper once per step)
 

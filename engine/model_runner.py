@@ -51,15 +51,12 @@ class ModelRunner:
         self.model_config = mcfg
         self.context_length = config.context_length or mcfg.max_position_embeddings
 
-        with torch.device(self.device):
+        with torch.device("meta"):  # no random init of weights about to be replaced
             model = LlamaForCausalLM(mcfg, max_positions=self.context_length)
-        model = model.to(self.dtype)
-        model.rope_cos = model.rope_cos.float()
-        model.rope_sin = model.rope_sin.float()
         if source.dummy:
-            model.init_dummy_weights(config.random_seed)
+            model.init_dummy_weights(self.device, self.dtype, config.random_seed)
         else:
-            model.load_hf_state_dict(load_state_dict(source, self.device, self.dtype))
+            model.load_hf_state_dict(load_state_dict(source, self.device, self.dtype), self.device, self.dtype)
         self.model = model.eval()
 
         self.kv_pool = KVPool(self._kv_slots(kv_dtype, mcfg), mcfg.num_hidden_layers, mcfg.num_key_value_heads,

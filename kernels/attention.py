@@ -34,15 +34,18 @@ def paged_attention_ref(
         k = k_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq, D)
         v = v_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq, D)
         qi = q[start : start + ext].transpose(0, 1)  # (H, ext, D)
+        causal = False
         if ext == 1:
             mask = None  # a single query sees every key
+        elif prefix == 0:
+            mask, causal = None, True  # square: SDPA's own (top-left) causal mask is the right one
         else:
             # query i (absolute position prefix + i) sees keys 0..prefix + i
             rows = torch.arange(ext, device=q.device).unsqueeze(1) + prefix
             mask = torch.arange(seq, device=q.device).unsqueeze(0) <= rows  # (ext, seq)
         o = F.scaled_dot_product_attention(
             qi.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
-            attn_mask=mask, scale=scale, enable_gqa=Hkv != H,
+            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=Hkv != H,
         )  # (1, H, ext, D)
         out[start : start + ext] = o[0].transpose(0, 1)
         start += ext

@@ -27,14 +27,17 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (P, D/2): the two halves of a head share their angles."""
     t = torch.arange(max_positions, dtype=torch.float32)
-    freqs = torch.outer(t, inv_freq)  # (P, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (P, D)
-    return emb.cos(), emb.sin()
+    freqs = torch.outer(t, inv_freq.float())  # (P, D/2)
+    return freqs.cos(), freqs.sin()
 
 
 def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, H, D); cos/sin (T, D) already gathered at the tokens' positions."""
+    """x (T, H, D); cos/sin (T, D/2) gathered at the tokens' positions. Rotate-half layout: the pairs are
+    (x[i], x[i + D/2]), i.e. out = x * [cos, cos] + [-x2, x1] * [sin, sin]."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]  # (T, H, D/2) each
+    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, D/2)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)

@@ -91,16 +91,26 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.max_positions = max_positions
+        self.tie_weights()
+        self.rope_cos: torch.Tensor | None = None  # set by setup_rope once weights are on their device
+        self.rope_sin: torch.Tensor | None = None
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def setup_rope(self, device: torch.device) -> None:
+        """cos/sin tables (P, D), always float32 and kept out of .to(dtype): bf16 positions would drift."""
+        cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict)
-        cos, sin = rope_cos_sin(inv_freq, max_positions)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (P, D) float32
-        self.register_buffer("rope_sin", sin, persistent=False)
+        cos, sin = rope_cos_sin(inv_freq, self.max_positions)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Hidden states after the final norm for every new token: (T, hidden)."""
+        assert self.rope_cos is not None and self.rope_sin is not None, "load or init weights first"
         x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
         cos, sin = self.rope_cos[fb.positions], self.rope_sin[fb.positions]  # (T, D)
         for layer in self.model.layers:
@@ -112,29 +122,37 @@ class LlamaForCausalLM(nn.Module):
         """(N, hidden) -> (N, vocab) float32."""
         return self.lm_head(hidden).float()
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy HF-named tensors in; every parameter must be given (lm_head may be tied)."""
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
+        """Adopt HF-named tensors (works on a model built on the meta device: no init, no copy when the
+        checkpoint already has the right dtype and device). Every parameter must be given; lm_head may be tied."""
         own = dict(self.named_parameters())
-        missing = [n for n in own if n not in state and not (n == "lm_head.weight" and self.config.tie_word_embeddings)]
+        tied = self.config.tie_word_embeddings
+        missing = [n for n in own if n not in state and not (n == "lm_head.weight" and tied)]
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-        with torch.no_grad():
-            for name, tensor in state.items():
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue
-                if name not in own:
-                    raise ValueError(f"checkpoint has an unexpected tensor {name!r}")
-                param = own[name]
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
-                param.copy_(tensor.to(param.dtype))
+        ours = {}
+        for name, tensor in state.items():
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and tied):
+                continue
+            if name not in own:
+                raise ValueError(f"checkpoint has an unexpected tensor {name!r}")
+            if own[name].shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(own[name].shape)}")
+            ours[name] = tensor.to(device=device, dtype=dtype)
+        self.load_state_dict(ours, strict=False, assign=True)
+        self.tie_weights()
+        self.setup_rope(device)
 
-    def init_dummy_weights(self, seed: int = 0) -> None:
-        """Random weights of the real shape (for benchmarks): small normal, norms at 1."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+    def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
+        """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1."""
+        self.to_empty(device=device)
+        self.to(dtype)
+        self.tie_weights()
+        gen = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if "norm" in name:
                     p.fill_(1.0)
                 else:
-                    p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+                    p.normal_(0.0, 0.02, generator=gen)
+        self.setup_rope(device)

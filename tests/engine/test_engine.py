@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 TOL = 2e-4  # fp32 logprobs; different kernels and summation orders differ by ~1e-5
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sgnb.engine import model_loader
 from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.model_loader import (

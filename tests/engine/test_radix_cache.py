@@ -159,6 +159,11 @@ def test_match_splits_and_prefix_len_has_no_side_effect() -> None:
     assert [c.key for c in m.last_node.children.values()] == [[3, 4]]
     assert m.last_node.parent is cache.root and len(cache.nodes) == 3
     assert cache.prefix_len([1, 2, 9]) == len(m.indices) == 2
+    # a mismatch inside a node stops the walk even when a child starts with the mismatching token
+    cache.insert([1, 2, 3, 5], slots(10, 11, 12, 15))
+    assert cache.prefix_len([1, 2, 4]) == cache.prefix_len([1, 2, 3, 4, 4]) == 4
+    assert cache.prefix_len([1, 4]) == cache.prefix_len([1, 3]) == 1
+    assert cache.prefix_len([1, 2, 5]) == 2 and cache.prefix_len([1, 2, 3, 5, 1]) == 4
     # a match ending on a boundary does not split again
     assert cache.match_prefix([1, 2]).last_node is m.last_node and len(cache.nodes) == 3
     assert cache.match_prefix([7]).last_node is cache.root
@@ -316,7 +321,7 @@ keys = st.lists(st.integers(0, 3), min_size=1, max_size=20)
 @dataclass
 class Live:
     key: list[int]
-    slots: torch.Tensor  # KV slot of every token of key: slots[:cached_len] are the tree's, the rest its own
+    slots: torch.Tensor  # its req_to_token row: KV slot of every token, [:cached_len] the tree's, the rest its own
     node: TreeNode  # the locked node; its path is key[:locked_len]
     locked_len: int
     cached_len: int  # <= locked_len (the scheduler recomputes at least the last token)
@@ -411,13 +416,14 @@ class RadixMachine(RuleBasedStateMachine):
         expect = longest(self.ref, r.key)
         present = self.cache.insert(r.key, r.slots)
         assert present == expect >= r.locked_len
-        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)])
+        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
         self._adopt(r.key, r.slots, present)
         m = self._check_match(r.key)
         assert len(m.indices) == len(r.key)
         self.cache.inc_lock_ref(m.last_node)
         self.cache.dec_lock_ref(r.node)
-        r.slots, r.node, r.locked_len = m.indices, m.last_node, len(r.key)
+        r.slots.copy_(m.indices)  # the scheduler rewrites the request's row in place
+        r.node, r.locked_len = m.last_node, len(r.key)
         r.cached_len = len(r.key)
 
     @precondition(lambda self: self.live)
@@ -428,17 +434,19 @@ class RadixMachine(RuleBasedStateMachine):
         expect = longest(self.ref, r.key)
         present = self.cache.insert(r.key, r.slots)
         assert present == expect >= r.locked_len
-        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)])
+        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
         self._adopt(r.key, r.slots, present)
         self.cache.dec_lock_ref(r.node)
+        r.slots.fill_(0)  # the request's row is reused: the tree must hold its own copy
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 63))
     def abort(self, i: int) -> None:
         r = self._pick(i)
         self.live.remove(r)
-        self.pool.free(r.slots[r.cached_len:])
+        self.pool.free(r.slots[r.cached_len:].clone())
         self.cache.dec_lock_ref(r.node)
+        r.slots.fill_(0)
 
     @rule(k=st.integers(0, 64))
     def evict(self, k: int) -> None:
@@ -450,6 +458,14 @@ class RadixMachine(RuleBasedStateMachine):
         n = self.cache.prefix_len(key)
         assert self.cache.snapshot(max_key=BIG) == before, "prefix_len changed the tree"
         assert len(self._check_match(key).indices) == n
+
+    @rule(i=st.integers(0, 63), cut=st.integers(0, 19), tail=st.lists(st.integers(0, 3), max_size=4))
+    def match_near(self, i: int, cut: int, tail: list[int]) -> None:
+        """Match a cached path cut anywhere and continued: hits mismatches inside nodes and their children."""
+        paths = sorted(maximal(self.ref))
+        if paths:
+            base = paths[i % len(paths)]
+            self.match(list(base[: cut % len(base) + 1]) + tail)
 
     @rule(key=keys)
     def hit(self, key: list[int]) -> None:
@@ -525,4 +541,4 @@ class RadixMachine(RuleBasedStateMachine):
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    max_examples=int(__import__("os").environ.get("MAXEX", 150)), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

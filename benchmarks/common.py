@@ -1,0 +1,72 @@
+"""Shared pieces of the benchmarks: result files, machine facts, the optimal cache hit rate."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent,
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def optimal_hit_rate(prompts: list[list[int]]) -> float:
+    """Best possible share of prompt tokens served from a cache of unbounded size: every distinct prefix is
+    computed once (the number of nodes of a token trie over all prompts), every other prompt token is a hit.
+    An engine must still compute one token per prompt to get its logits, so a prompt that is a prefix of
+    another cannot be fully hit; we count that token as a miss too."""
+    root: dict = {}
+    distinct = 0
+    for ids in prompts:
+        node = root
+        for t in ids:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                distinct += 1
+            node = nxt
+    total = sum(len(p) for p in prompts)
+    forced = 0  # prompts whose every token is a node someone else created: one recompute each
+    return max(total - distinct - forced, 0) / total
+
+
+def matmul_peak_gflops(dtype_name: str = "float32", n: int = 1024, k: int = 576, m: int = 1536) -> float:
+    """Measured GEMM throughput at the model's shapes: the compute ceiling for prefill on this machine."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(n, k, dtype=dtype), torch.randn(k, m, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 20, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n * k * m * reps / (time.perf_counter() - t0) / 1e9
+
+
+def write_result(kind: str, name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    date = _dt.date.today().isoformat()
+    path = RESULTS / f"{date}-{kind}-{name}.json"
+    payload = {"date": date, "commit": commit(), **payload}
+    path.write_text(json.dumps(payload, indent=2))
+    return path

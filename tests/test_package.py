@@ -1,0 +1,48 @@
+"""Packaging contract: one import package `sgnb`, cheap to import, no stray top-level names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_import_sgnb_imports_no_torch(tmp_path):
+    r = _run("import sys, sgnb, sgnb.engine; from sgnb import Engine as _E\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numpy')))",
+             tmp_path)
+    # touching sgnb.Engine imports torch by design, so check the cheap part alone too
+    r2 = _run("import sys, sgnb, sgnb.engine, sgnb.kernel_ext, sgnb.widgets\n"
+              "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')])", tmp_path)
+    assert r2.returncode == 0, r2.stderr
+    assert r2.stdout.strip() == "[]"
+    assert r.returncode == 0, r.stderr
+
+
+def test_folders_are_not_top_level_packages(tmp_path):
+    for name in ("engine", "kernels", "widgets", "kernel_ext"):
+        r = _run(f"import importlib.util as u; s = u.find_spec({name!r}); print(s and s.origin)", tmp_path)
+        assert r.returncode == 0, r.stderr
+        origin = r.stdout.strip()
+        assert origin == "None" or str(ROOT) not in origin, f"{name} resolves to our folder: {origin}"
+    r = _run("import sgnb.kernels.attention as a; print(a.__name__)", tmp_path)
+    assert r.stdout.strip() == "sgnb.kernels.attention", r.stderr
+
+
+def test_wheel_ships_only_sgnb(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    wheel = next(tmp_path.glob("sgnb-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops <= {"sgnb", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    assert "sgnb/engine/models/configs/tiny.json" in names
+    assert "sgnb/kernels/attention.py" in names
