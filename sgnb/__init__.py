@@ -1,24 +1,54 @@
 """sgnb: write and run LM programs in Jupyter, on an in-kernel RadixAttention engine.
 
-`import sgnb` is cheap: torch and the engine load on first use of `sgnb.Engine`.
+SGLang-compatible: `import sgnb as sgl` and an SGLang frontend program runs unchanged. `import sgnb` is cheap:
+torch and the engine load on first use of `sgnb.Engine` / `sgnb.Runtime`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sgnb.backends.base import Backend, BackendError
+from sgnb.function import SglFunction, function, get_default_backend, set_default_backend
+from sgnb.interpreter import ProgramError
+from sgnb.primitives import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    image,
+    select,
+    separate_reasoning,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
+from sgnb.state import ProgramState, ProgramStateGroup
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from sgnb.backends.anthropic import Anthropic
+    from sgnb.backends.endpoint import RuntimeEndpoint
+    from sgnb.backends.openai import OpenAI
+    from sgnb.backends.runtime import Runtime
     from sgnb.engine import Engine, EngineConfig, SamplingParams
 
 _LAZY = {
     "Engine": "sgnb.engine",
     "EngineConfig": "sgnb.engine",
     "SamplingParams": "sgnb.engine",
+    "Runtime": "sgnb.backends.runtime",
+    "RuntimeEndpoint": "sgnb.backends.endpoint",
+    "OpenAI": "sgnb.backends.openai",
+    "Anthropic": "sgnb.backends.anthropic",
 }
-
-__all__ = ["Engine", "EngineConfig", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,3 +60,27 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def flush_cache(backend: Backend | None = None) -> bool:
+    """Empty the backend's prefix cache."""
+    b = backend or get_default_backend()
+    if b is None:
+        raise RuntimeError("no backend: call sgnb.set_default_backend(...) first")
+    return b.flush_cache()
+
+
+def get_server_info(backend: Backend | None = None) -> dict:
+    b = backend or get_default_backend()
+    if b is None:
+        raise RuntimeError("no backend: call sgnb.set_default_backend(...) first")
+    return b.get_server_info()
+
+
+__all__ = [
+    "Anthropic", "Backend", "BackendError", "Engine", "EngineConfig", "OpenAI", "ProgramError", "ProgramState",
+    "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "SglFunction", "assistant",
+    "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
+    "get_default_backend", "get_server_info", "image", "select", "separate_reasoning", "set_default_backend",
+    "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video", "__version__",
+]

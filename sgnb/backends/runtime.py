@@ -1,0 +1,90 @@
+"""Runtime: the in-process engine as a backend (SGLang's `Runtime` launches a server; ours runs in-process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.chat_template import ChatTemplate, derive_from_jinja
+from sgnb.sampling import GenParams
+
+
+class Runtime(Backend):
+    """`Runtime(model_path="smollm2", **engine_options)` or `Runtime(engine=existing_engine)`."""
+
+    def __init__(self, model_path: str = "smollm2", engine: Any = None, **engine_kwargs: Any) -> None:
+        if engine is None:
+            from sgnb.engine import Engine
+
+            engine = Engine(model_path, **engine_kwargs)
+        elif engine_kwargs:
+            raise TypeError("give either engine= or engine options, not both")
+        self.engine = engine
+
+    def get_model_name(self) -> str:
+        return self.engine.model_name
+
+    @cached_property
+    def _template(self) -> ChatTemplate:
+        tok = self.engine.tokenizer
+        if tok.chat_template is None:
+            from sgnb.chat_template import PLAIN
+
+            return PLAIN
+        return derive_from_jinja(lambda m, g: tok.apply_chat_template(m, add_generation_prompt=g),
+                                 self.engine.model_name)
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def cache_prefix(self, prefix: str) -> None:
+        if prefix:
+            self.engine.generate(prefix, {"max_new_tokens": 0})
+
+    def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
+        if ctx.images:
+            raise BackendError("this model takes no images (multimodal models arrive with the LLaVA work)")
+        return dict(prompt=ctx.text, sampling_params=params.sampling_dict(), rid=ctx.rid,
+                    return_logprob=bool(params.return_logprob),
+                    logprob_start_len=params.logprob_start_len if params.logprob_start_len is not None else -1,
+                    top_logprobs_num=params.top_logprobs_num or 0,
+                    return_text_in_logprobs=bool(params.return_text_in_logprobs))
+
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+        out = self.engine.generate(**self._request(ctx, params))
+        _raise_if_aborted(out["meta_info"])
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+        for chunk in self.engine.generate(**self._request(ctx, params), stream=True):
+            meta = chunk["meta_info"]
+            if "finish_reason" in meta:
+                _raise_if_aborted(meta)
+            yield chunk["text"], meta
+
+    def select(self, ctx: GenContext, choices: list[str], temperature: float,
+               choices_method: str) -> ChoiceDecision:
+        res = self.engine.score(ctx.text, choices, choices_method)
+        meta = {k: v for k, v in res.items() if k not in ("index", "choice")}
+        meta["choices"] = list(choices)
+        return ChoiceDecision(res["choice"], meta)
+
+    def abort(self, rid: str) -> None:
+        self.engine.abort(rid)
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"backend": "Runtime", **self.engine.get_stats()}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _raise_if_aborted(meta: dict[str, Any]) -> None:
+    reason = meta.get("finish_reason") or {}
+    if reason.get("type") == "abort":
+        raise BackendError(f"request {meta.get('id')} was aborted: {reason.get('message', 'aborted')}")

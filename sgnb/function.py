@@ -1,0 +1,213 @@
+"""`@function`: an LM program. `run` executes it on a backend; `run_batch` runs many with a prefix hint."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sgnb import ir
+from sgnb.backends.base import Backend
+from sgnb.interpreter import StreamExecutor
+from sgnb.sampling import DEFAULT_PARAMS, GenParams
+from sgnb.state import ProgramState
+
+_default_backend: Backend | None = None
+_default_lock = threading.Lock()
+
+
+def set_default_backend(backend: Backend | None) -> None:
+    global _default_backend
+    with _default_lock:
+        _default_backend = backend
+
+
+def get_default_backend() -> Backend | None:
+    return _default_backend
+
+
+def _resolve_backend(backend: Backend | None) -> Backend:
+    backend = backend or _default_backend
+    if backend is None:
+        raise RuntimeError("no backend: pass backend=... or call sgnb.set_default_backend(sgnb.Runtime(...))")
+    return backend
+
+
+# run()'s sampling defaults, by SGLang's names
+_RUN_DEFAULTS = dict(max_new_tokens=128, stop=None, stop_token_ids=None, stop_regex=None, temperature=1.0, top_p=1.0,
+                     top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False,
+                     return_logprob=None, logprob_start_len=None, top_logprobs_num=None,
+                     return_text_in_logprobs=None)
+
+
+class SglFunction:
+    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
+                 bind_arguments: dict[str, Any] | None = None) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        params = list(inspect.signature(func).parameters.values())
+        if not params:
+            raise TypeError(f"an sgnb function takes the program state as its first argument: {func.__name__}(s, ...)")
+        self.arg_names = [p.name for p in params[1:]]
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        unknown = set(kwargs) - set(self.arg_names)
+        if unknown:
+            raise TypeError(f"{self.__name__}() has no argument(s) {sorted(unknown)}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def _bind_args(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        sig = inspect.signature(self.func)
+        bound = sig.bind_partial(None, *args, **{**self.bind_arguments, **kwargs})
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        values.pop(next(iter(sig.parameters)))
+        missing = [n for n in self.arg_names if n not in values]
+        if missing:
+            raise TypeError(f"{self.__name__}() missing argument(s) {missing}")
+        return values
+
+    @staticmethod
+    def _defaults(**sampling: Any) -> GenParams:
+        given = {k: v for k, v in sampling.items() if v is not None}
+        return GenParams.build(**given).merged(DEFAULT_PARAMS)
+
+    def run(self, *args: Any, max_new_tokens: int = 128, stop: Any = None, stop_token_ids: Any = None,
+            stop_regex: Any = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
+            min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+            ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
+            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+            stream: bool = False, backend: Backend | None = None, use_thread: bool = True,
+            subscribers: list[Callable[[dict], None]] | None = None, **kwargs: Any) -> ProgramState:
+        """Run the program; returns its state at once (gens run in the background; reading waits)."""
+        defaults = self._defaults(
+            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs)
+        arguments = self._bind_args(args, kwargs)
+        return self._run(_resolve_backend(backend), arguments, defaults, stream, use_thread, subscribers or [])
+
+    def _run(self, backend: Backend, arguments: dict[str, Any], defaults: GenParams, stream: bool,
+             use_thread: bool, subscribers: list[Callable[[dict], None]]) -> ProgramState:
+        exe = StreamExecutor(backend, defaults, stream=stream, use_thread=use_thread,
+                             num_api_spec_tokens=self.num_api_spec_tokens)
+        exe.subscribers.extend(subscribers)
+        exe.emit({"type": "program_begin", "name": self.__name__,
+                  "arguments": {k: repr(v)[:200] for k, v in arguments.items()}})
+        state = ProgramState(exe)
+        try:
+            state.ret_value = self.func(state, **arguments)
+        except BaseException as e:  # a Python error in the body: the state records it, like a primitive's
+            if exe.error_ is None:
+                exe.error_, exe.error_where = e, _body_location(e)
+            if not isinstance(e, Exception):
+                exe.end()
+                raise
+        exe.end()
+        return state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """`f(s, ...)` inside another program runs f's body on that state; `f(...)` alone is `f.run(...)`."""
+        if args and isinstance(args[0], ProgramState):
+            return self.func(args[0], *args[1:], **{**self.bind_arguments, **kwargs})
+        return self.run(*args, **kwargs)
+
+    async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
+        """Awaitable run: the program executes on its own thread; awaits its completion."""
+        state = self.run(*args, **kwargs)
+        await asyncio.to_thread(state.executor.sync)
+        return state
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, max_new_tokens: int = 128, stop: Any = None,
+                  stop_token_ids: Any = None, stop_regex: Any = None, temperature: float = 1.0, top_p: float = 1.0,
+                  top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
+                  presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: bool | None = None,
+                  logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+                  return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False, frontend_hints: bool = True,
+                  subscribers: list[Callable[[dict], None]] | None = None) -> list[ProgramState]:
+        """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
+        (its state's error() tells). With frontend_hints, the program's constant prefix is traced and cached
+        first, so the batch shares it from the start."""
+        if not isinstance(batch_kwargs, list):
+            raise TypeError("run_batch takes a list of argument dicts")
+        backend = _resolve_backend(backend)
+        defaults = self._defaults(
+            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs)
+        all_args = [self._bind_args((), kw) for kw in batch_kwargs]
+        if frontend_hints and len(all_args) > 1:
+            prefix = self.constant_prefix(backend)
+            if prefix:
+                backend.cache_prefix(prefix)
+        if num_threads == "auto":
+            num_threads = max(1, min(len(all_args), 4 * (os.cpu_count() or 1), 64))
+        bar = None
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(all_args), desc=self.__name__)
+
+        def one(arguments: dict[str, Any]) -> ProgramState:
+            state = self._run(backend, arguments, defaults, False, True, list(subscribers or []))
+            state.error()  # wait for it to finish (errors stay in the state)
+            if bar is not None:
+                bar.update(1)
+            return state
+
+        with ThreadPoolExecutor(int(num_threads)) as pool:
+            states = list(pool.map(one, all_args))
+        if bar is not None:
+            bar.close()
+        return states
+
+    # ---- tracing -----------------------------------------------------------------------------------------
+    def trace(self, backend: Backend | None = None, **kwargs: Any) -> TracedProgram:
+        """Run the body without a model: arguments and variables are placeholders. Returns the IR nodes."""
+        from sgnb.tracer import trace_program
+
+        return trace_program(self, backend or _default_backend, kwargs)
+
+    def constant_prefix(self, backend: Backend) -> str:
+        """The text every run of this program starts with (up to the first argument or generated value)."""
+        try:
+            return self.trace(backend).constant_prefix
+        except Exception:  # a body that cannot be traced simply gets no hint
+            return ""
+
+
+@dataclasses.dataclass
+class TracedProgram:
+    name: str
+    nodes: list[ir.Node]
+    constant_prefix: str
+
+
+def _body_location(e: BaseException) -> str | None:
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        f = frames[-1]
+        return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+    return None
+
+
+def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator: `@function` or `@function(num_api_spec_tokens=64)`."""
+    if func is None:
+        return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+    return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)

@@ -1,0 +1,359 @@
+"""The interpreter: one StreamExecutor (a thread) per program state.
+
+`s += node` submits without blocking; the executor appends text and calls the backend in order. Reading a
+variable blocks until it is set. An exception stops the state: later nodes are skipped, waiting readers wake
+up, and the error is raised at `s["v"]` / `sync()` with the program line that submitted the failing node.
+Executors publish trace events (text, gen chunks, selects, roles, forks) to subscribers, such as widgets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import queue
+import re
+import threading
+import traceback
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sgnb import ir
+from sgnb.backends.base import Backend, GenContext
+from sgnb.chat_template import ChatTemplate
+from sgnb.sampling import DEFAULT_PARAMS, GenParams
+
+log = logging.getLogger("sgnb")
+_SGNB_DIR = str(Path(__file__).resolve().parent)
+_ids = itertools.count()
+
+# typed gens are constrained by a regex (the grammar backend enforces it)
+DTYPE_REGEX = {int: r"[-+]?[0-9]+", float: r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?", bool: r"(True|False)",
+               str: r"\"[^\"\\\n]*\""}
+
+
+class ProgramError(RuntimeError):
+    """A program failed; the message names the program line that submitted the failing primitive."""
+
+
+def user_location() -> str | None:
+    """The innermost stack frame outside sgnb: where the user wrote the primitive."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not frame.filename.startswith(_SGNB_DIR):
+            line = (frame.line or "").strip()
+            return f'{frame.filename}:{frame.lineno}: {line}' if line else f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+class StreamExecutor:
+    def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
+                 use_thread: bool = True, num_api_spec_tokens: int | None = None,
+                 chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None) -> None:
+        self.id = f"p{next(_ids)}"
+        self.backend = backend
+        self.defaults = defaults
+        self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.text_ = ""
+        self.messages_: list[dict[str, Any]] = []
+        self.images_: list[Any] = []
+        self.variables: dict[str, Any] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.var_events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
+        self.cur_role: str | None = None
+        self.cur_role_begin = 0
+        self.var_scopes: dict[str, int] = {}
+        self.fork_start = 0
+        self.error_: BaseException | None = None
+        self.error_where: str | None = None
+        self.program_scratch: dict[str, Any] = {}
+        self.current_rid: str | None = None
+        self.subscribers: list[Callable[[dict[str, Any]], None]] = list(parent.subscribers) if parent else []
+        self.parent_id = parent.id if parent else None
+        # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
+        self.chunks: list[tuple[str | None, str]] = []
+        self.chunks_cond = threading.Condition()
+        self.done = False
+        self.use_thread = use_thread
+        self.queue: queue.Queue = queue.Queue()
+        if use_thread:
+            self.worker = threading.Thread(target=self._work, name=f"sgnb-program-{self.id}", daemon=True)
+            self.worker.start()
+
+    # ---- submission -----------------------------------------------------------------------------------
+    def submit(self, node: ir.Node) -> None:
+        if self.use_thread:
+            self.queue.put(node)
+        else:
+            self._run_node(node)
+
+    def drained(self, timeout: float = 0.1) -> bool:
+        q = self.queue
+        with q.all_tasks_done:
+            return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
+
+    def sync(self) -> None:
+        """Wait until every submitted node ran (interruptible; an interrupt aborts the running request)."""
+        if self.use_thread:
+            self.wait(self.drained, "sync")
+
+    def end(self) -> None:
+        """No more nodes: finish the stream (text_iter readers stop) once the queue drains."""
+        if self.use_thread:
+            self.queue.put(None)
+        else:
+            self._close_stream()
+
+    def _work(self) -> None:
+        while True:
+            node = self.queue.get()
+            try:
+                if node is None:
+                    self._close_stream()
+                    return
+                self._run_node(node)
+            finally:
+                self.queue.task_done()
+
+    def _run_node(self, node: ir.Node) -> None:
+        if self.error_ is not None:
+            return  # a failed program runs nothing more
+        try:
+            self._execute(node)
+        except BaseException as e:  # includes backend errors; surfaces at s["v"] / sync()
+            self.error_, self.error_where = e, node.where
+            log.debug("program %s failed at %s", self.id, node.where, exc_info=True)
+            self.emit({"type": "error", "message": f"{type(e).__name__}: {e}", "where": node.where})
+            for ev in list(self.var_events.values()):
+                ev.set()
+
+    # ---- node handlers (dispatch table at the end of the class) --------------------------------------
+    def _execute(self, node: ir.Node) -> None:
+        handler = _HANDLERS.get(type(node))
+        if handler is None:
+            raise TypeError(f"cannot append a {type(node).__name__} to a program")
+        handler(self, node)
+
+    def _text(self, node: ir.Text) -> None:
+        self._append(node.text)
+
+    def _sequence(self, node: ir.Sequence) -> None:
+        for item in node.items:
+            self._execute(item)
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        if not text:
+            return
+        self.text_ += text
+        with self.chunks_cond:
+            self.chunks.append((var, text))
+            self.chunks_cond.notify_all()
+        self.emit({"type": "text", "text": text, "var": var})
+
+    def _context(self) -> GenContext:
+        self.current_rid = f"{self.id}-{uuid.uuid4().hex[:8]}"
+        messages = list(self.messages_)
+        if self.cur_role is not None:  # an open role: its content so far is the last message
+            messages.append({"role": self.cur_role, "content": self.text_[self.cur_role_begin:]})
+        return GenContext(self.text_, messages, self.current_rid, list(self.images_), self.program_scratch,
+                          self.num_api_spec_tokens, self.cur_role)
+
+    def _gen(self, node: ir.Gen) -> None:
+        params = node.params.merged(self.defaults)
+        if node.dtype is not None:
+            params = dataclasses.replace(params, regex=DTYPE_REGEX[node.dtype])
+        ctx = self._context()
+        self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
+                   "constraint": params.regex or params.json_schema or params.ebnf})
+        if self.stream:
+            pieces, meta = [], {}
+            for piece, meta in self.backend.generate_stream(ctx, params):
+                pieces.append(piece)
+                self._append(piece, node.name)
+            value = "".join(pieces)
+        else:
+            value, meta = self.backend.generate(ctx, params)
+            self._append(value, node.name)
+        if node.dtype is not None:
+            value = _convert(value, node.dtype)
+        self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta)})
+        if node.name is not None:
+            self.meta_info[node.name] = meta
+            self._set_var(node.name, value)
+
+    def _select(self, node: ir.Select) -> None:
+        ctx = self._context()
+        decision = self.backend.select(ctx, list(node.choices), node.temperature, node.choices_method)
+        self._append(decision.decision, node.name)
+        self.emit({"type": "select", "var": node.name, "choice": decision.decision, "choices": list(node.choices),
+                   "normalized_prompt_logprobs": decision.meta_info.get("normalized_prompt_logprobs")})
+        if node.name is not None:
+            self.meta_info[node.name] = decision.meta_info
+            self._set_var(node.name, decision.decision)
+
+    def _role_begin(self, node: ir.RoleBegin) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"role {node.role!r} begins inside the open role {self.cur_role!r}: end it first")
+        tmpl = self.chat_template
+        if (node.role == "user" and tmpl.default_system_prompt and not self.messages_
+                and not self.text_.strip()):
+            self._role_begin(ir.RoleBegin("system"))
+            self._append(tmpl.default_system_prompt)
+            self._role_end(ir.RoleEnd("system"))
+        prefix, _ = tmpl.prefix_and_suffix(node.role)
+        self._append(prefix)
+        self.cur_role, self.cur_role_begin = node.role, len(self.text_)
+        self.emit({"type": "role_begin", "role": node.role})
+
+    def _role_end(self, node: ir.RoleEnd) -> None:
+        if self.cur_role != node.role:
+            raise ValueError(f"role {node.role!r} ends but the open role is {self.cur_role!r}")
+        self.messages_.append({"role": node.role, "content": self.text_[self.cur_role_begin:]})
+        _, suffix = self.chat_template.prefix_and_suffix(node.role)
+        self.cur_role = None
+        self._append(suffix)
+        self.emit({"type": "role_end", "role": node.role})
+
+    def _image(self, node: ir.Image) -> None:
+        self.images_.append(node.path)
+        self.emit({"type": "image", "path": str(node.path)[:200]})
+
+    def _video(self, node: ir.Video) -> None:
+        self.images_.append(node)
+        self.emit({"type": "video", "path": str(node.path)[:200], "num_frames": node.num_frames})
+
+    def _var_scope_begin(self, node: ir.VarScopeBegin) -> None:
+        self.var_scopes[node.name] = len(self.text_)
+
+    def _var_scope_end(self, node: ir.VarScopeEnd) -> None:
+        start = self.var_scopes.pop(node.name)
+        self._set_var(node.name, self.text_[start:])
+
+    def _concate_and_append(self, node: ir.ConcateAndAppend) -> None:
+        for state in node.states:
+            exe = state.executor
+            exe.sync()
+            if exe.error_ is not None:
+                raise ProgramError(f"a fork failed: {exe.error_}") from exe.error_
+            self._append(exe.text_[exe.fork_start:])
+
+    def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
+        if node.name is None or node.name not in self.variables:
+            raise ValueError("separate_reasoning needs a named gen before it")
+        value = self.variables[node.name]
+        m = re.search(r"<think>(.*?)</think>", value, flags=re.S) or re.match(r"(.*?)</think>", value, flags=re.S)
+        if m:
+            self._set_var(f"{node.name}_reasoning_content", m.group(1).strip())
+            self._set_var(node.name, value[m.end():].lstrip())
+
+    # ---- variables and events --------------------------------------------------------------------------
+    def _set_var(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+        self.var_events[name].set()
+        self.emit({"type": "var", "name": name})
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.sync()
+        self._set_var(name, value)
+
+    def get_var(self, name: str, timeout: float | None = None) -> Any:
+        ev = self.var_events[name]
+        if not ev.is_set():
+            self.wait(lambda: ev.wait(0.1), name)
+        if name in self.variables:
+            return self.variables[name]
+        self.raise_error()
+        raise KeyError(f"no variable {name!r} in this program (has: {sorted(self.variables)})")
+
+    def wait(self, poll: Callable[[], bool], what: str) -> None:
+        """Wait in short slices so KeyboardInterrupt lands; on interrupt, abort the in-flight request."""
+        try:
+            while not poll():
+                if self.error_ is not None and what != "sync":
+                    return
+                if self.use_thread and not self.worker.is_alive():
+                    raise ProgramError(f"the program ended without setting {what!r}")
+        except KeyboardInterrupt:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if self.current_rid is not None:
+            self.backend.abort(self.current_rid)
+
+    def raise_error(self) -> None:
+        if self.error_ is not None:
+            where = f" (at {self.error_where})" if self.error_where else ""
+            raise ProgramError(f"{type(self.error_).__name__}: {self.error_}{where}") from self.error_
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if not self.subscribers:
+            return
+        event = {"program": self.id, "parent": self.parent_id, **event}
+        for callback in list(self.subscribers):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("program event subscriber failed")
+
+    def _close_stream(self) -> None:
+        with self.chunks_cond:
+            self.done = True
+            self.chunks_cond.notify_all()
+        self.emit({"type": "end"})
+
+    # ---- fork --------------------------------------------------------------------------------------------
+    def fork(self, n: int) -> list[StreamExecutor]:
+        self.sync()
+        self.raise_error()
+        if n > 1 and self.text_:
+            self.backend.cache_prefix(self.text_)  # frontend hint: the branches share this prefix
+        children = []
+        for _ in range(n):
+            child = StreamExecutor(self.backend, self.defaults, stream=self.stream, use_thread=self.use_thread,
+                                   num_api_spec_tokens=self.num_api_spec_tokens,
+                                   chat_template=self.chat_template, parent=self)
+            child.text_, child.messages_, child.images_ = self.text_, list(self.messages_), list(self.images_)
+            child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
+            child.variables = dict(self.variables)
+            for k in child.variables:
+                child.var_events[k].set()
+            child.fork_start = len(self.text_)
+            children.append(child)
+        self.emit({"type": "fork", "children": [c.id for c in children]})
+        return children
+
+
+def _convert(value: str, dtype: type) -> Any:
+    text = value.strip()
+    if dtype is bool:
+        return text == "True"
+    if dtype is str:
+        return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+    return dtype(text)
+
+
+def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
+            "decode_steps", "forced_tokens")
+    return {k: meta[k] for k in keys if k in meta}
+
+
+_HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
+    ir.Text: StreamExecutor._text,
+    ir.Sequence: StreamExecutor._sequence,
+    ir.Gen: StreamExecutor._gen,
+    ir.Select: StreamExecutor._select,
+    ir.RoleBegin: StreamExecutor._role_begin,
+    ir.RoleEnd: StreamExecutor._role_end,
+    ir.Image: StreamExecutor._image,
+    ir.Video: StreamExecutor._video,
+    ir.VarScopeBegin: StreamExecutor._var_scope_begin,
+    ir.VarScopeEnd: StreamExecutor._var_scope_end,
+    ir.ConcateAndAppend: StreamExecutor._concate_and_append,
+    ir.SeparateReasoning: StreamExecutor._separate_reasoning,
+}

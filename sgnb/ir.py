@@ -1,0 +1,93 @@
+"""The program IR: every primitive a program appends to its state is one frozen node.
+
+Nodes carry no behaviour; the interpreter dispatches on their type through a table. `where` is the user's
+source line that created the node, so errors point at the program, not at sgnb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgnb.sampling import GenParams
+
+
+@dataclass(frozen=True)
+class Node:
+    where: str | None = field(default=None, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Text(Node):
+    text: str
+
+
+@dataclass(frozen=True)
+class Gen(Node):
+    name: str | None
+    params: GenParams
+    dtype: type | None = None  # int | float | str | bool: a typed value (needs constrained decoding)
+
+
+@dataclass(frozen=True)
+class Select(Node):
+    name: str | None
+    choices: tuple[str, ...]
+    temperature: float = 0.0
+    choices_method: str = "token_length_normalized"
+
+
+@dataclass(frozen=True)
+class RoleBegin(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class Image(Node):
+    path: Any  # a path, bytes, a PIL image or a URL-free data URI
+
+
+@dataclass(frozen=True)
+class Video(Node):
+    path: Any
+    num_frames: int = 8
+
+
+@dataclass(frozen=True)
+class VarScopeBegin(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class ConcateAndAppend(Node):
+    states: tuple[Any, ...]  # ProgramStates whose texts are appended, in order
+
+
+@dataclass(frozen=True)
+class SeparateReasoning(Node):
+    name: str | None
+    model_type: str = "deepseek-r1"
+
+
+@dataclass(frozen=True)
+class Sequence(Node):
+    """Several nodes appended by one `+=` (e.g. `sgl.user("hi")` = begin, text, end)."""
+
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Placeholder(Node):
+    """A traced program's argument whose value is unknown while tracing."""
+
+    name: str

@@ -1,0 +1,132 @@
+"""The primitives a program appends: gen, select, roles, image, video, separate_reasoning.
+
+Each returns IR nodes; values are checked here, at the user's line, before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sgnb import ir
+from sgnb.engine.scoring import SCORING_METHODS
+from sgnb.interpreter import user_location
+from sgnb.sampling import GenParams
+
+_DTYPES = (int, float, str, bool)
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+        n: int | None = None, stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
+        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None, dtype: type | None = None,
+        choices: list[str] | None = None, choices_method: str | None = None, regex: str | None = None,
+        json_schema: Any = None, grammar: str | None = None, repetition_penalty: float | None = None) -> ir.Node:
+    """Generate text into variable `name`. Unset parameters inherit the program's run() defaults.
+    `choices=[...]` makes it a select; `dtype=int|float|str|bool` constrains and converts the value."""
+    where = user_location()
+    if choices is not None:
+        return select(name, choices, temperature or 0.0, choices_method or "token_length_normalized")
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"gen(dtype=...) takes one of int, float, str, bool; got {dtype!r}")
+    if n not in (None, 1):
+        raise ValueError("gen(n=...) > 1 is not supported inside a program: use s.fork(n) for parallel samples")
+    params = GenParams.build(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos, regex=regex, json_schema=json_schema, ebnf=grammar, return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs)
+    if dtype is not None and (params.regex or params.json_schema or params.ebnf):
+        raise ValueError("gen(dtype=...) cannot be combined with regex / json_schema / grammar")
+    return ir.Gen(name, params, dtype, where=where)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> ir.Node:
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> ir.Node:
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+           choices_method: str = "token_length_normalized") -> ir.Node:
+    """Choose one of `choices` by the model's likelihood of each continuation."""
+    where = user_location()
+    if not choices or not all(isinstance(c, str) for c in choices):
+        raise ValueError("select(choices=...) needs a non-empty list of strings")
+    if len(set(choices)) != len(choices):
+        raise ValueError("select choices must be distinct")
+    if choices_method not in SCORING_METHODS:
+        raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
+    if temperature < 0:
+        raise ValueError("select temperature must be >= 0")
+    return ir.Select(name, tuple(choices), float(temperature), choices_method, where=where)
+
+
+def _role(role: str, content: Any) -> ir.Node:
+    from sgnb.state import as_node
+
+    where = user_location()
+    items: tuple[ir.Node, ...] = (ir.RoleBegin(role),)
+    if content is not None:
+        items += (as_node(content),)
+    return ir.Sequence(items + (ir.RoleEnd(role),), where=where)
+
+
+def system(content: Any = None) -> ir.Node:
+    return _role("system", content)
+
+
+def user(content: Any = None) -> ir.Node:
+    return _role("user", content)
+
+
+def assistant(content: Any = None) -> ir.Node:
+    return _role("assistant", content)
+
+
+def system_begin() -> ir.Node:
+    return ir.RoleBegin("system", where=user_location())
+
+
+def system_end() -> ir.Node:
+    return ir.RoleEnd("system", where=user_location())
+
+
+def user_begin() -> ir.Node:
+    return ir.RoleBegin("user", where=user_location())
+
+
+def user_end() -> ir.Node:
+    return ir.RoleEnd("user", where=user_location())
+
+
+def assistant_begin() -> ir.Node:
+    return ir.RoleBegin("assistant", where=user_location())
+
+
+def assistant_end() -> ir.Node:
+    return ir.RoleEnd("assistant", where=user_location())
+
+
+def image(path: Any) -> ir.Node:
+    return ir.Image(path, where=user_location())
+
+
+def video(path: Any, num_frames: int = 8) -> ir.Node:
+    if num_frames < 1:
+        raise ValueError("video num_frames must be >= 1")
+    return ir.Video(path, num_frames, where=user_location())
+
+
+def separate_reasoning(expr: ir.Node, model_type: str = "deepseek-r1") -> ir.Node:
+    """Split `<think>...</think>` off a gen: the gen's variable keeps the answer, `NAME_reasoning_content`
+    the reasoning."""
+    if not isinstance(expr, ir.Gen):
+        raise TypeError("separate_reasoning wraps a gen(...)")
+    return ir.Sequence((expr, ir.SeparateReasoning(expr.name, model_type)), where=user_location())

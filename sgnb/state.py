@@ -1,0 +1,201 @@
+"""ProgramState: what a program function receives as `s` and what `run()` returns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from sgnb import ir
+from sgnb.interpreter import ProgramError, StreamExecutor, user_location
+
+
+def as_node(value: Any) -> ir.Node:
+    if isinstance(value, ir.Node):
+        return value
+    if isinstance(value, str):
+        return ir.Text(value, where=user_location())
+    if isinstance(value, (int, float)):
+        return ir.Text(str(value), where=user_location())
+    raise TypeError(f"cannot append a {type(value).__name__} to a program: use a str or an sgnb primitive")
+
+
+class ProgramState:
+    """The state of one running program. `s += x` appends; `s["v"]` blocks until variable v is set."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self.executor = executor
+        self.ret_value: Any = None
+
+    # ---- building ---------------------------------------------------------------------------------------
+    def __iadd__(self, other: Any) -> ProgramState:
+        self.executor.submit(as_node(other))
+        return self
+
+    def _role(self, role: str, content: Any = None) -> Any:
+        if content is None:
+            return self._role_scope(role)
+        self += ir.Sequence((ir.RoleBegin(role), as_node(content), ir.RoleEnd(role)), where=user_location())
+        return None
+
+    @contextlib.contextmanager
+    def _role_scope(self, role: str) -> Iterator[None]:
+        self.executor.submit(ir.RoleBegin(role, where=user_location()))
+        yield
+        self.executor.submit(ir.RoleEnd(role, where=user_location()))
+
+    def system(self, content: Any = None) -> Any:
+        """`s.system("...")` appends a system message; `with s.system(): ...` wraps appends in one."""
+        return self._role("system", content)
+
+    def user(self, content: Any = None) -> Any:
+        return self._role("user", content)
+
+    def assistant(self, content: Any = None) -> Any:
+        return self._role("assistant", content)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Everything appended inside becomes variable `name` too."""
+        self.executor.submit(ir.VarScopeBegin(name, where=user_location()))
+        yield
+        self.executor.submit(ir.VarScopeEnd(name, where=user_location()))
+
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
+        """Branch into `size` states sharing this prefix (cached once in the engine). Waits for pending work."""
+        if size < 1:
+            raise ValueError("fork size must be >= 1")
+        children = self.executor.fork(size)
+        return ProgramStateGroup([ProgramState(c) for c in children], self)
+
+    def copy(self) -> ProgramState:
+        return self.fork(1)[0]
+
+    # ---- reading ----------------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def get_var(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.executor.set_var(name, value)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.executor.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self.executor.variables
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        self.get_var(name)
+        return self.executor.meta_info.get(name, {})
+
+    def sync(self) -> ProgramState:
+        """Wait until every appended primitive ran; raise the program's error if it failed."""
+        self.executor.sync()
+        self.executor.raise_error()
+        return self
+
+    def text(self) -> str:
+        self.sync()
+        return self.executor.text_
+
+    def messages(self) -> list[dict[str, Any]]:
+        self.sync()
+        return list(self.executor.messages_)
+
+    def error(self) -> BaseException | None:
+        """The program's failure (wrapped with the line it happened at), or None. Waits for pending work."""
+        try:
+            self.sync()
+        except ProgramError as e:
+            return e
+        return None
+
+    def variables(self) -> dict[str, Any]:
+        self.sync()
+        return dict(self.executor.variables)
+
+    def abort(self) -> None:
+        self.executor.abort()
+
+    # ---- streaming --------------------------------------------------------------------------------------
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is appended (run with stream=True for token-by-token gens); only var_name's if given."""
+        exe, i = self.executor, 0
+        while True:
+            with exe.chunks_cond:
+                while i >= len(exe.chunks) and not exe.done and exe.error_ is None:
+                    exe.chunks_cond.wait(0.1)
+                batch, i = exe.chunks[i:], len(exe.chunks)
+                finished = exe.done or exe.error_ is not None
+            for var, text in batch:
+                if var_name is None or var == var_name:
+                    yield text
+            if finished and i >= len(exe.chunks):
+                exe.raise_error()
+                return
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        it = self.text_iter(var_name)
+        sentinel = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, sentinel)
+            if chunk is sentinel:
+                return
+            yield chunk  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        exe = self.executor
+        return f"ProgramState({exe.id}, text={exe.text_[-60:]!r}, vars={sorted(exe.variables)})"
+
+
+class ProgramStateGroup:
+    """The branches of a fork. Index or iterate them; `join()` brings their results back."""
+
+    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
+        self.states = states
+        self.parent = parent
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        """`forks += x` appends x to every branch (a list appends one item per branch)."""
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} items for {len(self.states)} branches")
+            for s, o in zip(self.states, other):
+                s += o
+        else:
+            for s in self.states:
+                s += other
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """gather_variable: each variable set in the branches becomes a list in the parent.
+        concate_and_append: the branches' new text is appended to the parent, in order."""
+        for s in self.states:
+            s.sync()
+        if mode == "gather_variable":
+            before = set(self.parent.executor.variables)
+            names: list[str] = []
+            for s in self.states:
+                names += [k for k in s.executor.variables if k not in before and k not in names]
+            for name in names:
+                self.parent.executor.set_var(name, [s.executor.variables.get(name) for s in self.states])
+        elif mode == "concate_and_append":
+            self.parent += ir.ConcateAndAppend(tuple(self.states), where=user_location())
+        else:
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+        for s in self.states:
+            s.executor.end()
