@@ -171,7 +171,7 @@ class StreamExecutor:
                    "constraint": params.regex or params.json_schema or params.ebnf})
         if self.stream:
             pieces, meta = [], {}
-            for piece, meta in self.backend.generate_stream(ctx, params):
+            for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
                 pieces.append(piece)
                 self._append(piece, node.name)
             value = "".join(pieces)
