@@ -16,6 +16,20 @@ from sgnb.sampling import GenParams
 class Node:
     where: str | None = field(default=None, compare=False, kw_only=True)
 
+    def __add__(self, other: Any) -> Sequence:  # gen(...) + "text"
+        return Sequence((self, _node(other)), where=self.where)
+
+    def __radd__(self, other: Any) -> Sequence:  # "text" + gen(...)
+        return Sequence((_node(other), self), where=self.where)
+
+
+def _node(value: Any) -> Node:
+    if isinstance(value, Node):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    raise TypeError(f"cannot combine a {type(value).__name__} with an sgnb primitive")
+
 
 @dataclass(frozen=True)
 class Text(Node):

@@ -1,0 +1,283 @@
+"""RuntimeEndpoint: a program's backend over SGLang's native HTTP API (`sgnb serve`, an SGLang server or router).
+
+    backend = RuntimeEndpoint("http://localhost:30000")
+
+Speaks /generate (one prompt, a batch, or an SSE stream), /get_model_info, /get_server_info, /flush_cache and
+/abort_request, so the same program runs in-process (`Runtime`) or against a remote server unchanged.
+Thread-safe: each calling thread gets its own HTTP session.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+import requests
+
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
+from sgnb.engine.scoring import SCORING_METHODS, choose
+from sgnb.sampling import GenParams
+
+_REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+# select scores from a few tokens before the prefix's end: a choice can merge with the prefix's last tokens
+_SELECT_MARGIN = 4
+
+
+class RuntimeEndpoint(Backend):
+    """`RuntimeEndpoint(base_url, api_key=None, timeout=600.0, chat_template=None)`.
+
+    Contacts the server once at construction (GET /get_model_info), so a wrong URL fails here, not mid-program.
+    `chat_template` (a ChatTemplate or a name in sgnb.chat_template.NAMED) overrides the server's.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
+                 chat_template: ChatTemplate | str | None = None, verify: bool | str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.verify = verify
+        self._local = threading.local()
+        if isinstance(chat_template, str):
+            if chat_template not in NAMED:
+                raise ValueError(f"unknown chat template {chat_template!r}; known: {sorted(NAMED)}")
+            chat_template = NAMED[chat_template]
+        self._template_override = chat_template
+        self.model_info: dict[str, Any] = self._get("/get_model_info")
+
+    # ---- HTTP --------------------------------------------------------------------------------------------
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            if self.api_key:
+                session.headers["Authorization"] = f"Bearer {self.api_key}"
+            if self.verify is not None:
+                session.verify = self.verify
+        return session
+
+    def _call(self, method: str, path: str, payload: dict[str, Any] | None = None,
+              stream: bool = False) -> requests.Response:
+        url = self.base_url + path
+        try:
+            res = self._session().request(method, url, json=payload, stream=stream,
+                                          timeout=(min(self.timeout, 30.0), self.timeout))
+        except requests.RequestException as e:
+            raise BackendError(f"{method} {url} failed: {e}") from e
+        if res.status_code != 200:
+            raise BackendError(f"{method} {url} -> HTTP {res.status_code}: {_error_message(res)}")
+        return res
+
+    def _get(self, path: str) -> Any:
+        return self._call("GET", path).json()
+
+    def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        res = self._call("POST", path, payload)
+        try:
+            return res.json()
+        except ValueError:
+            return res.text
+
+    def _generate(self, payload: dict[str, Any], rid: str | None = None) -> Any:
+        """POST /generate; an interrupted wait (KeyboardInterrupt) aborts the request on the server."""
+        try:
+            out = self._post("/generate", payload)
+        except BackendError:
+            raise
+        except BaseException:  # an interrupted wait
+            if rid is not None:
+                self.abort(rid)
+            raise
+        for item in out if isinstance(out, list) else [out]:
+            _raise_if_failed(item)
+        return out
+
+    # ---- Backend -----------------------------------------------------------------------------------------
+    def get_model_name(self) -> str:
+        return str(self.model_info.get("model_path") or self.model_info.get("model_name") or "unknown")
+
+    @cached_property
+    def _template(self) -> ChatTemplate:
+        if self._template_override is not None:
+            return self._template_override
+        info = self.model_info
+        roles = info.get("role_prefix_and_suffix")
+        if isinstance(roles, dict) and roles:
+            stop = info.get("chat_stop_str") or ()
+            return ChatTemplate(str(info.get("chat_template_name") or self.get_model_name()),
+                                {r: (p, s) for r, (p, s) in roles.items()},
+                                info.get("default_system_prompt"), tuple(stop))
+        name = info.get("chat_template")
+        if isinstance(name, str) and name in NAMED:
+            return NAMED[name]
+        return template_for_model_name(self.get_model_name())
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def cache_prefix(self, prefix: str) -> None:
+        if prefix:
+            self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+
+    def _payload(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
+        data: dict[str, Any] = {"text": ctx.text, "sampling_params": params.sampling_dict(), "rid": ctx.rid}
+        for key in _REPORTING:
+            value = getattr(params, key)
+            if value is not None:
+                data[key] = value
+        if ctx.images:
+            images = [_image_data(x) for x in ctx.images]
+            data["image_data"] = images[0] if len(images) == 1 else images
+        return data
+
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+        out = self._generate(self._payload(ctx, params), ctx.rid)
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Yields new text per SSE chunk (SGLang's server sends the cumulative text; we yield the deltas)."""
+        payload = {**self._payload(ctx, params), "stream": True}
+        res = self._call("POST", "/generate", payload, stream=True)
+        finished = False
+        try:
+            sent = 0
+            for line in res.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                body = line[5:].strip()
+                if body == b"[DONE]":
+                    break
+                chunk = json.loads(body)
+                if "error" in chunk:
+                    raise BackendError(f"stream from {self.base_url} failed: {_message_of(chunk)}")
+                meta = chunk.get("meta_info", {})
+                if meta.get("finish_reason") is not None:
+                    finished = True
+                    _raise_if_failed(chunk)
+                text = chunk.get("text", "")
+                if len(text) > sent or finished:
+                    yield text[sent:], meta
+                    sent = max(sent, len(text))
+            finished = True
+        finally:
+            res.close()  # closing the connection early makes the server abort the request
+            if not finished:
+                self.abort(ctx.rid)
+
+    def select(self, ctx: GenContext, choices: list[str], temperature: float,
+               choices_method: str) -> ChoiceDecision:
+        """Scores each choice's tokens after the prefix (one batched /generate), like Engine.score.
+
+        The scored tokens start where any choice's tokenization first departs from the prefix's: a choice can
+        merge with the prefix's last token(s) (" yes" after "Answer:"), and that merged token is part of it.
+        """
+        if choices_method not in SCORING_METHODS:
+            raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("choices must be a non-empty list of non-empty strings")
+        if not ctx.text:
+            raise BackendError("select needs a non-empty prefix to score choices against")
+        images = {"image_data": [_image_data(x) for x in ctx.images][0]} if ctx.images else {}
+        head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **images})
+        prefix_len = int(head["meta_info"]["prompt_tokens"])
+        margin = _SELECT_MARGIN
+        while True:
+            s = max(prefix_len - margin, 0)
+            outs = self._generate({"text": [ctx.text] + [ctx.text + c for c in choices],
+                                   "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                                   "return_logprob": True, "logprob_start_len": s,
+                                   "return_text_in_logprobs": True, **images})
+            tails = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
+            prefix_ids = [e[1] for e in tails[0]]
+            start = s + min(_common_len(prefix_ids, [e[1] for e in t]) for t in tails[1:])
+            if start > s or s == 0:  # else the choices merge deeper than the margin: look further back
+                break
+            margin *= 8
+        start = max(1, min(start, s + min(len(t) for t in tails[1:]) - 1))
+        scored = [t[start - s:] for t in tails[1:]]
+        cond = [[float(e[0]) for e in t] for t in scored]
+        uncond = None
+        if choices_method == "unconditional_likelihood_normalized":
+            # each choice alone after the last shared token, as in Engine.score
+            alone = self._generate({"input_ids": [[e[1] for e in t[start - 1 - s:]] for t in tails[1:]],
+                                    "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                                    "logprob_start_len": 1})
+            uncond = [[float(e[0]) for e in o["meta_info"]["input_token_logprobs"]] for o in alone]
+        index, normalized = choose(choices_method, cond, uncond)
+        meta: dict[str, Any] = {
+            "normalized_prompt_logprobs": normalized,
+            "input_token_logprobs": scored,
+            "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs[1:]),
+            "prompt_tokens": sum(o["meta_info"].get("prompt_tokens", 0) for o in outs[1:]),
+            "choices": list(choices),
+        }
+        if uncond is not None:
+            meta["unconditional_token_logprobs"] = uncond
+        return ChoiceDecision(choices[index], meta)
+
+    def abort(self, rid: str) -> None:
+        try:
+            self._session().post(self.base_url + "/abort_request", json={"rid": rid}, timeout=10)
+        except requests.RequestException:
+            pass  # best effort: the server may be gone already
+
+    def flush_cache(self) -> bool:
+        self._post("/flush_cache", {})
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._get("/get_server_info")
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    i = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        i += 1
+    return i
+
+
+def _message_of(body: Any) -> str:
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err)
+        return str(err if err is not body else body.get("message") or body.get("detail") or body)
+    return str(body)
+
+
+def _error_message(res: requests.Response) -> str:
+    try:
+        return _message_of(res.json())
+    except ValueError:
+        return res.text.strip() or res.reason
+
+
+def _raise_if_failed(out: dict[str, Any]) -> None:
+    meta = out.get("meta_info") or {}
+    reason = meta.get("finish_reason") or {}
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        detail = reason.get("message") or meta.get("error") or "aborted"
+        raise BackendError(f"request {meta.get('id')} was aborted: {detail}")
+
+
+def _image_data(image: Any) -> str:
+    """What SGLang's image_data takes: a path, a URL or a base64 data URI."""
+    if isinstance(image, str):
+        return image
+    if hasattr(image, "__fspath__"):
+        return str(image)
+    if isinstance(image, bytes):
+        return "data:image/png;base64," + base64.b64encode(image).decode()
+    if hasattr(image, "save"):  # a PIL image
+        import io
+
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    raise BackendError(f"cannot send a {type(image).__name__} to a server as an image (videos: not yet)")

@@ -1,0 +1,117 @@
+"""The shared program suite on every backend (the in-process Runtime here; remote backends join via
+`program_backend` params once their servers are up in this session)."""
+
+from __future__ import annotations
+
+import pytest
+
+import sgnb as sgl
+
+from . import programs as P  # noqa: N812
+
+
+@pytest.fixture(scope="module")
+def backend(engine):
+    return sgl.Runtime(engine=engine)
+
+
+def test_few_shot_qa(backend):
+    states = P.few_shot_qa.run_batch([{"question": q} for q in ("What is hot?", "What barks?", "What flies?")],
+                                     backend=backend)
+    for st in states:
+        P.check_few_shot_qa(st)
+    # the few-shot prefix was cached once: later programs hit it
+    assert sum(st.get_meta_info("answer")["cached_tokens"] for st in states) >= 2 * 30
+
+
+def test_select(backend):
+    P.check_pick_letter(P.pick_letter.run(question="What color is grass?", backend=backend))
+
+
+def test_fork_join_parallel_decoding(backend):
+    P.check_parallel_tips(P.parallel_tips.run(topic="sleep", backend=backend))
+
+
+def test_concate_and_append(backend):
+    docs = ["cats purr", "dogs bark", "birds sing"]
+    P.check_parallel_encode(P.parallel_encode.run(docs=docs, backend=backend), docs)
+
+
+def test_multi_turn_chat(backend):
+    turns = ["Hi!", "Name a fruit."]
+    P.check_chat(P.chat.run(turns=turns, backend=backend), turns)
+
+
+def test_react_loop(backend):
+    P.check_react(P.react.run(question="Who wrote Hamlet?", backend=backend))
+
+
+def test_tool_use_var_scope(backend):
+    P.check_tool_use(P.tool_use.run(city="Paris", backend=backend), "Paris")
+
+
+def test_error_in_one_program_of_a_batch(backend):
+    states = P.may_fail.run_batch([{"i": i} for i in range(4)], backend=backend)
+    assert states[2].error() is not None and "item 2 is broken" in str(states[2].error())
+    assert "programs.py" in str(states[2].error())  # names the program line
+    for i in (0, 1, 3):
+        assert states[i].error() is None and isinstance(states[i]["out"], str)
+    with pytest.raises(sgl.ProgramError, match="item 2"):
+        states[2]["out"]
+
+
+def test_streaming_text_iter(backend):
+    state = P.streamed.run(stream=True, backend=backend)
+    pieces = list(state.text_iter("rest"))
+    assert len(pieces) > 3 and "".join(pieces) == state["rest"]
+    full = "".join(state.text_iter())
+    assert full == state.text()
+
+
+def test_gen_errors_at_the_call_site():
+    with pytest.raises(ValueError, match="temperature"):
+        sgl.gen("x", temperature=-1)
+    with pytest.raises(TypeError, match="max_new_token"):
+        sgl.gen("x", max_new_token=3)  # a typo names itself
+    with pytest.raises(ValueError, match="choices"):
+        sgl.select("x", choices=[])
+
+
+def test_backend_error_surfaces_with_program_line(backend):
+    @sgl.function
+    def too_long(s):
+        s += "word " * 9000
+        s += sgl.gen("x", max_tokens=2)
+
+    st = too_long.run(backend=backend)
+    err = st.error()
+    assert err is not None and "context length" in str(err) and "test_programs.py" in str(err)
+
+
+def test_frontend_hint_caches_prefix_before_batch(engine, backend):
+    engine.flush_cache()
+    P.few_shot_qa.run_batch([{"question": f"Q{i}?"} for i in range(4)], backend=backend)
+    prefix_tokens = len(engine.tokenizer.encode(P.FEW_SHOT + "Q: "))
+    stats = engine.get_stats()
+    # with the hint the prefix is prefilled once (by the hint) and every program hits it
+    assert stats["cached_tokens"] >= 4 * (prefix_tokens - 2)
+
+
+def test_trace_constant_prefix(backend):
+    traced = P.few_shot_qa.trace(backend)
+    assert traced.constant_prefix == P.FEW_SHOT + "Q: "
+    assert any(type(n).__name__ == "Gen" for n in traced.nodes)
+
+
+async def _async_run(backend):
+    state = await P.few_shot_qa.run_async(question="What is cold?", backend=backend)
+    chunks = [c async for c in P.streamed.run(stream=True, backend=backend).text_async_iter("rest")]
+    return state, chunks
+
+
+def test_async_apis_inside_a_running_loop(backend):
+    import asyncio
+
+    state, chunks = asyncio.run(_async_run(backend))
+    P.check_few_shot_qa(state)
+    assert len(chunks) > 1
