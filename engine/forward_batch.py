@@ -26,6 +26,7 @@ class ForwardBatch:
     extend_lens: list[int]
     req_to_token: torch.Tensor  # (R, max_context)
     kv_pool: KVPool
+    shared_len: int = 0  # leading slots identical for every request (read once: cascade attention)
 
     @property
     def num_tokens(self) -> int:

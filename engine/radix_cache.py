@@ -232,7 +232,7 @@ class RadixCache:
                 node = stack.pop()
                 entry = {
                     "id": node.id,
-                    "parent": node.parent.id if node.parent else None,
+                    "parent": node.parent.id if node.parent is not None else None,
                     "tokens": len(node),
                     "lock_ref": node.lock_ref if node is not self.root else 0,
                     "hit_count": node.hit_count,

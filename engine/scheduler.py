@@ -34,6 +34,7 @@ log = logging.getLogger("sgnb.engine")
 
 RESERVE_CLIP = 4096  # never reserve decode room for more than this many tokens of one request
 LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for input logprobs
+MIN_SHARED_PREFIX = 32  # a batch-wide common prefix at least this long is attended once (cascade)
 
 
 @dataclass
@@ -283,6 +284,7 @@ class Scheduler:
             req_to_token=self.req_pool.req_to_token,
             kv_pool=self.kv_pool,
         )
+        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(fb)
@@ -367,6 +369,7 @@ class Scheduler:
             req_to_token=self.req_pool.req_to_token,
             kv_pool=self.kv_pool,
         )
+        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(fb)
@@ -381,6 +384,15 @@ class Scheduler:
             r.kv_len += 1
         self._sample_and_advance(list(reqs), hidden)
         self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
+
+    def _shared_prefix_len(self, rows: list[int], limit: int) -> int:
+        """How many leading KV slots all these requests have in common (0 when too few to matter)."""
+        if len(rows) < 2 or limit < MIN_SHARED_PREFIX:
+            return 0
+        table = self.req_pool.req_to_token[torch.tensor(rows, device=self.runner.device), :limit]  # (B, limit)
+        differs = (table != table[:1]).any(0).nonzero()
+        n = int(differs[0]) if len(differs) else limit
+        return n if n >= MIN_SHARED_PREFIX else 0
 
     def _make_room_for_decode(self) -> None:
         need = len(self.running)

@@ -20,8 +20,17 @@ def paged_attention_ref(
     prefix_lens: list[int],  # tokens already in the pool before this step (cached or previously computed)
     extend_lens: list[int],  # new tokens per request; their queries are consecutive in q
     scale: float,
+    shared_len: int = 0,
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its prefix + itself. Returns (T, H, D)."""
+    """Causal attention of each request's new tokens over its prefix + itself. Returns (T, H, D).
+
+    shared_len > 0 says every request's first shared_len slots are the same (a prefix shared through the
+    radix cache, shared_len <= every prefix_len): its K/V is then read once for the whole batch (cascade
+    attention) and merged with each request's own part by log-sum-exp, instead of once per request.
+    """
+    if shared_len > 0:
+        return _cascade_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens,
+                                  scale, shared_len)
     T, H, D = q.shape
     Hkv = k_buf.shape[1]
     assert H % Hkv == 0 and k_buf.shape == v_buf.shape and k_buf.shape[2] == D
@@ -62,3 +71,68 @@ def dense_causal_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v.float()).to(q.dtype)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention with its log-sum-exp. q (..., Hkv, G, Tq, D); k, v (..., Hkv, S, D);
+    mask broadcastable to (..., Hkv, G, Tq, S), True = attend. Returns out (..., Hkv, G, Tq, D) normalized
+    and lse (..., Hkv, G, Tq); rows with no visible key get lse = -inf and out = 0."""
+    scores = torch.matmul(q.float(), k.float().unsqueeze(-3).transpose(-1, -2)) * scale  # (..., Hkv, G, Tq, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (..., Hkv, G, Tq)
+    probs = torch.exp(scores - lse.unsqueeze(-1).clamp(min=-1e30)).nan_to_num(0.0)
+    return torch.matmul(probs, v.float().unsqueeze(-3)), lse
+
+
+def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Combine two attention partials over disjoint key sets (normalized outputs + their log-sum-exps)."""
+    lse = torch.logaddexp(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - lse).unsqueeze(-1), torch.exp(lse2 - lse).unsqueeze(-1)
+    return o1 * w1 + o2 * w2
+
+
+def _cascade_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, scale,
+                       shared_len):
+    T, H, D = q.shape
+    Hkv = k_buf.shape[1]
+    G = H // Hkv
+    assert 0 < shared_len <= min(prefix_lens), (shared_len, min(prefix_lens))
+    # shared part: all T queries against the common prefix, no mask (every query comes after it)
+    slots = req_to_token[req_pool_indices[0], :shared_len]
+    k = k_buf.index_select(0, slots).permute(1, 0, 2)  # (Hkv, L, D)
+    v = v_buf.index_select(0, slots).permute(1, 0, 2)  # (Hkv, L, D)
+    qg = q.view(T, Hkv, G, D).permute(1, 2, 0, 3)  # (Hkv, G, T, D)
+    o1, lse1 = _attend(qg, k, v, scale, None)  # (Hkv, G, T, D), (Hkv, G, T)
+
+    if all(e == 1 for e in extend_lens):  # decode: each request's own keys, padded into one batch
+        B = T
+        own = torch.tensor([p + 1 - shared_len for p in prefix_lens], device=q.device)  # (B,)
+        S = int(own.max())
+        rows = torch.tensor(req_pool_indices, device=q.device)
+        idx = req_to_token[rows.unsqueeze(1), shared_len + torch.arange(S, device=q.device)]  # (B, S)
+        visible = torch.arange(S, device=q.device).unsqueeze(0) < own.unsqueeze(1)  # (B, S)
+        idx = torch.where(visible, idx, torch.zeros_like(idx))
+        k2 = k_buf[idx].permute(0, 2, 1, 3)  # (B, Hkv, S, D)
+        v2 = v_buf[idx].permute(0, 2, 1, 3)  # (B, Hkv, S, D)
+        q2 = q.view(B, Hkv, G, 1, D)  # (B, Hkv, G, 1, D)
+        o2, lse2 = _attend(q2, k2, v2, scale, visible[:, None, None, None, :])  # (B, Hkv, G, 1, D)
+        o2 = o2.squeeze(3).permute(1, 2, 0, 3)  # (Hkv, G, B, D)
+        lse2 = lse2.squeeze(3).permute(1, 2, 0)  # (Hkv, G, B)
+    else:  # extend: per request, causal over its own keys after the shared prefix
+        o2 = torch.empty_like(o1)
+        lse2 = torch.empty_like(lse1)
+        start = 0
+        for rp, prefix, ext in zip(req_pool_indices, prefix_lens, extend_lens):
+            own = prefix + ext - shared_len
+            s2 = req_to_token[rp, shared_len: shared_len + own]
+            k2 = k_buf.index_select(0, s2).permute(1, 0, 2)  # (Hkv, own, D)
+            v2 = v_buf.index_select(0, s2).permute(1, 0, 2)
+            rows = torch.arange(ext, device=q.device).unsqueeze(1) + (prefix - shared_len)
+            mask = torch.arange(own, device=q.device).unsqueeze(0) <= rows  # (ext, own)
+            oi, li = _attend(qg[:, :, start: start + ext], k2, v2, scale, mask)
+            o2[:, :, start: start + ext], lse2[:, :, start: start + ext] = oi, li
+            start += ext
+    out = _merge(o1, lse1, o2, lse2)  # (Hkv, G, T, D)
+    return out.permute(2, 0, 1, 3).reshape(T, H, D).to(q.dtype)

@@ -46,3 +46,4 @@ def test_wheel_ships_only_sgnb(tmp_path):
     assert tops <= {"sgnb", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     assert "sgnb/engine/models/configs/tiny.json" in names
     assert "sgnb/kernels/attention.py" in names
+    assert "sgnb/backends/runtime.py" in names

@@ -49,7 +49,7 @@ class Attention(nn.Module):
         k_buf[fb.out_cache_loc] = k.to(k_buf.dtype)
         v_buf[fb.out_cache_loc] = v.to(v_buf.dtype)
         o = paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
-                                fb.extend_lens, self.scale)  # (T, H, D)
+                                fb.extend_lens, self.scale, fb.shared_len)  # (T, H, D)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
 

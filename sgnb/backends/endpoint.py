@@ -19,7 +19,7 @@ from typing import Any
 import requests
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
-from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
+from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
 from sgnb.engine.scoring import SCORING_METHODS, choose
 from sgnb.sampling import GenParams
 
@@ -102,18 +102,24 @@ class RuntimeEndpoint(Backend):
 
     @cached_property
     def _template(self) -> ChatTemplate:
+        """The override, else the server's role prefixes, else its Jinja chat template (rendered here with
+        probe conversations, as Runtime does), else a guess from the model path."""
         if self._template_override is not None:
             return self._template_override
         info = self.model_info
         roles = info.get("role_prefix_and_suffix")
         if isinstance(roles, dict) and roles:
-            stop = info.get("chat_stop_str") or ()
             return ChatTemplate(str(info.get("chat_template_name") or self.get_model_name()),
                                 {r: (p, s) for r, (p, s) in roles.items()},
-                                info.get("default_system_prompt"), tuple(stop))
-        name = info.get("chat_template")
-        if isinstance(name, str) and name in NAMED:
-            return NAMED[name]
+                                info.get("default_system_prompt"), tuple(info.get("chat_stop_str") or ()))
+        source = info.get("chat_template")
+        if isinstance(source, str) and source in NAMED:
+            return NAMED[source]
+        if isinstance(source, str) and "{%" in source:
+            try:
+                return _template_from_jinja(source, info, self.get_model_name())
+            except Exception:  # a template that rejects the probe conversations: fall back to the name
+                pass
         return template_for_model_name(self.get_model_name())
 
     def get_chat_template(self) -> ChatTemplate:
@@ -231,6 +237,22 @@ class RuntimeEndpoint(Backend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._get("/get_server_info")
+
+    def shutdown(self) -> None:
+        """Close this thread's HTTP session (the server keeps running: it is not ours to stop)."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+            self._local.session = None
+
+
+def _template_from_jinja(source: str, info: dict[str, Any], name: str) -> ChatTemplate:
+    from sgnb.engine.tokenizer import _compile_chat_template
+
+    compiled = _compile_chat_template(source)
+    tokens = {k: info[k] for k in ("bos_token", "eos_token") if isinstance(info.get(k), str)}
+    return derive_from_jinja(lambda m, g: compiled.render(messages=m, add_generation_prompt=g, tools=None,
+                                                         documents=None, **tokens), name)
 
 
 def _common_len(a: list[int], b: list[int]) -> int:

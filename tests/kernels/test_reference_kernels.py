@@ -36,6 +36,29 @@ def test_paged_attention_equals_dense(H, Hkv):
         start += e
 
 
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize(("H", "Hkv"), [(4, 4), (9, 3)])
+def test_cascade_attention_equals_plain(H, Hkv, decode):
+    """A batch sharing its first slots: the shared-prefix (cascade) path equals per-request attention."""
+    g = torch.Generator().manual_seed(7 + H)
+    D, S, shared = 16, 400, 37
+    k_buf, v_buf = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, D, generator=g)
+    common = torch.randperm(S - 1, generator=g)[:shared] + 1
+    free = [i for i in range(1, S) if i not in set(common.tolist())]
+    seqs = [(shared + 3, 1), (shared, 1), (shared + 20, 1)] if decode else [(shared + 2, 5), (shared, 1), (shared + 9, 3)]
+    req_to_token = torch.zeros(len(seqs), 128, dtype=torch.int64)
+    used = 0
+    for i, (p, e) in enumerate(seqs):
+        own = p + e - shared
+        req_to_token[i, :shared] = common
+        req_to_token[i, shared: shared + own] = torch.tensor(free[used: used + own])
+        used += own
+    q = torch.randn(sum(e for _, e in seqs), H, D, generator=g)
+    args = (q, k_buf, v_buf, req_to_token, list(range(len(seqs))), [p for p, _ in seqs], [e for _, e in seqs], D**-0.5)
+    torch.testing.assert_close(paged_attention_ref(*args, shared_len=shared), paged_attention_ref(*args),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_rope_matches_transformers():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -1,0 +1,39 @@
+"""Backends: what runs a program's gen/select calls.
+
+- Runtime: the in-process engine.
+- RuntimeEndpoint: SGLang's native HTTP API (`sgnb serve`, an SGLang server or router).
+- OpenAI / Anthropic: the official clients (OpenAI also fits any OpenAI-compatible server).
+
+`import sgnb.backends` is cheap: the HTTP backends (and requests / openai / anthropic) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.backends.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sgnb.backends.anthropic import Anthropic
+    from sgnb.backends.endpoint import RuntimeEndpoint
+    from sgnb.backends.openai import OpenAI
+
+_LAZY = {
+    "RuntimeEndpoint": "sgnb.backends.endpoint",
+    "OpenAI": "sgnb.backends.openai",
+    "Anthropic": "sgnb.backends.anthropic",
+}
+
+__all__ = ["Anthropic", "Backend", "BackendError", "ChoiceDecision", "GenContext", "OpenAI", "Runtime",
+           "RuntimeEndpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sgnb.backends' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,382 @@
+"""OpenAI: a program's backend over the OpenAI API (or any OpenAI-compatible server: `sgnb serve`, SGLang, vLLM).
+
+    backend = OpenAI("gpt-4o-mini")                                   # a chat model
+    backend = OpenAI("smollm2", base_url="http://localhost:30000/v1", api_key="x", is_chat_model=False)
+
+Completion models get the program's text as the prompt and can score `select` choices (echoed prompt
+logprobs). Chat models get the program's messages; they write assistant turns only and cannot score choices.
+
+Speculative API execution (`@function(num_api_spec_tokens=N)`, completion models): a gen asks the API once for
+max(N, max_tokens) tokens without its stop strings and keeps the continuation. When the program then appends
+exactly the constant text the model had already written and asks for the next gen, that gen is served from the
+kept text with no API call. The kept text lives in the program's scratch space (ctx.program), so concurrent
+programs and forks never share it. `backend.usage` counts calls and tokens (thread-safe).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
+from sgnb.engine.scoring import SCORING_METHODS, choose
+from sgnb.sampling import GenParams
+
+COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+
+# SGLang sampling values that OpenAI's API lacks, with their neutral values (sent to other servers via
+# extra_body only when they differ from neutral); the key is the name OpenAI-compatible servers use
+_SOFT_EXTRAS = {"top_k": ("top_k", -1), "min_p": ("min_p", 0.0), "repetition_penalty": ("repetition_penalty", 1.0),
+                "min_new_tokens": ("min_tokens", 0), "ignore_eos": ("ignore_eos", False),
+                "stop_token_ids": ("stop_token_ids", ())}
+_CONSTRAINTS = ("regex", "ebnf", "stop_regex")
+_SPEC_KEY = "openai_spec"
+_USAGE_KEY = "openai_usage"
+
+
+def guess_is_chat_model(model: str) -> bool:
+    """Completion models: OpenAI's legacy ones (`*-instruct`, davinci, babbage); anything else is a chat model."""
+    m = model.lower()
+    return not (m in COMPLETION_MODEL_NAMES or m.endswith("-instruct") or "davinci" in m or "babbage" in m)
+
+
+class OpenAI(Backend):
+    """`OpenAI(model, base_url=None, api_key=None, is_chat_model=None, chat_template=None, **client_kwargs)`.
+
+    client_kwargs go to `openai.OpenAI` (timeout, max_retries, organization, ...). is_chat_model defaults to a
+    guess from the model name (see guess_is_chat_model).
+    """
+
+    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
+                 is_chat_model: bool | None = None, chat_template: ChatTemplate | str | None = None,
+                 **client_kwargs: Any) -> None:
+        import openai
+
+        self._openai = openai
+        if base_url is not None:
+            client_kwargs["base_url"] = base_url
+        try:
+            self.client = openai.OpenAI(api_key=api_key, **client_kwargs)
+        except openai.OpenAIError as e:
+            raise BackendError(f"cannot create the OpenAI client: {e}") from e
+        self.model = model
+        self.is_chat_model = guess_is_chat_model(model) if is_chat_model is None else bool(is_chat_model)
+        self.is_openai = "api.openai.com" in str(self.client.base_url)
+        if isinstance(chat_template, str):
+            chat_template = NAMED[chat_template]
+        self._template = chat_template or template_for_model_name(model)
+        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "spec_hits": 0}
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    def get_model_name(self) -> str:
+        return self.model
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"backend": "OpenAI", "model": self.model, "base_url": str(self.client.base_url),
+                "is_chat_model": self.is_chat_model, "usage": dict(self.usage)}
+
+    # ---- calls and accounting ----------------------------------------------------------------------------
+    @contextmanager
+    def _api_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except self._openai.APIStatusError as e:
+            raise BackendError(f"{what} failed: HTTP {e.status_code}: {_status_message(e)}") from e
+        except self._openai.OpenAIError as e:
+            raise BackendError(f"{what} failed: {e}") from e
+
+    def _count(self, ctx: GenContext | None, usage: Any, calls: int = 1, spec_hits: int = 0) -> None:
+        add = {"calls": calls, "spec_hits": spec_hits,
+               "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+               "completion_tokens": getattr(usage, "completion_tokens", 0) or 0}
+        with self._lock:
+            for k, v in add.items():
+                self.usage[k] += v
+        if ctx is not None:
+            mine = ctx.program.setdefault(_USAGE_KEY, dict.fromkeys(self.usage, 0))
+            for k, v in add.items():
+                mine[k] += v
+
+    def _completion(self, ctx: GenContext | None, what: str, **kwargs: Any) -> Any:
+        with self._api_errors(what):
+            resp = self.client.completions.create(model=self.model, **kwargs)
+        self._count(ctx, resp.usage)
+        return resp
+
+    # ---- parameters --------------------------------------------------------------------------------------
+    def _kwargs(self, params: GenParams) -> dict[str, Any]:
+        """create() arguments for a gen; refuses what this endpoint cannot honour."""
+        if params.n not in (None, 1):
+            raise BackendError("n > 1 is not supported on the OpenAI backend: fork the program instead")
+        kw: dict[str, Any] = {}
+        if params.max_new_tokens is not None:
+            kw["max_completion_tokens" if self.is_chat_model and self.is_openai else "max_tokens"] = \
+                params.max_new_tokens
+        if params.stop:
+            kw["stop"] = list(params.stop)
+        for name in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "seed"):
+            value = getattr(params, name, None)
+            if value is not None:
+                kw[name] = value
+        extra: dict[str, Any] = {}
+        for name, (wire, neutral) in _SOFT_EXTRAS.items():
+            value = getattr(params, name)
+            if value is not None and value != neutral:
+                if self.is_openai:
+                    self._warn_once(name, f"{name}={value!r} is not an OpenAI API parameter; it is ignored")
+                else:
+                    extra[wire] = list(value) if isinstance(value, tuple) else value
+        for name in _CONSTRAINTS:
+            value = getattr(params, name)
+            if value is not None:
+                if self.is_openai:
+                    raise BackendError(f"{name} (constrained decoding) is not available on the OpenAI API; "
+                                       "use an sgnb/SGLang server (RuntimeEndpoint) for it")
+                extra[name] = list(value) if isinstance(value, tuple) else value
+        if params.json_schema is not None:
+            if self.is_chat_model:
+                kw["response_format"] = {"type": "json_schema", "json_schema": {
+                    "name": "output", "schema": json.loads(params.json_schema)}}
+            elif self.is_openai:
+                raise BackendError("json_schema on an OpenAI completion model is not available; use a chat model "
+                                   "(response_format) or an sgnb/SGLang server")
+            else:
+                extra["json_schema"] = params.json_schema
+        if extra:
+            kw["extra_body"] = extra
+        return kw
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
+    def _chat_messages(self, ctx: GenContext) -> list[dict[str, Any]]:
+        if ctx.in_role not in (None, "assistant"):
+            raise BackendError(f"a chat model writes assistant turns only, but this gen is inside {ctx.in_role!r}: "
+                               "put it inside assistant(...)")
+        messages = [dict(m) for m in ctx.messages]
+        if ctx.in_role == "assistant" and messages and messages[-1]["role"] == "assistant" \
+                and not messages[-1]["content"]:
+            messages.pop()  # the open, still empty assistant turn is what the model writes
+        if not messages:
+            raise BackendError("a chat model needs messages: write system/user roles before the gen")
+        return messages
+
+    # ---- generate ----------------------------------------------------------------------------------------
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+        if ctx.images:
+            raise BackendError("images are not supported on the OpenAI backend yet")
+        kwargs = self._kwargs(params)
+        if self.is_chat_model:
+            with self._api_errors("chat completion"):
+                resp = self.client.chat.completions.create(model=self.model, messages=self._chat_messages(ctx),
+                                                           n=1, **kwargs)
+            self._count(ctx, resp.usage)
+            choice = resp.choices[0]
+            return choice.message.content or "", _meta(resp, choice)
+        constrained = any(getattr(params, k) is not None for k in (*_CONSTRAINTS, "json_schema"))
+        if ctx.num_api_spec_tokens and not constrained:
+            return self._spec_generate(ctx, params, kwargs)
+        resp = self._completion(ctx, "completion", prompt=ctx.text, n=1, **kwargs)
+        choice = resp.choices[0]
+        return choice.text, _meta(resp, choice)
+
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+        if ctx.num_api_spec_tokens and not self.is_chat_model:
+            yield self.generate(ctx, params)
+            return
+        if ctx.images:
+            raise BackendError("images are not supported on the OpenAI backend yet")
+        kwargs = self._kwargs(params)
+        with self._api_errors("streaming completion"):
+            if self.is_chat_model:
+                stream = self.client.chat.completions.create(
+                    model=self.model, messages=self._chat_messages(ctx), n=1, stream=True,
+                    stream_options={"include_usage": True}, **kwargs)
+            else:
+                stream = self.client.completions.create(model=self.model, prompt=ctx.text, n=1, stream=True,
+                                                        stream_options={"include_usage": True}, **kwargs)
+            finish, usage, rid = None, None, None
+            try:
+                for chunk in stream:
+                    rid = chunk.id
+                    if getattr(chunk, "usage", None) is not None:
+                        usage = chunk.usage
+                    if not chunk.choices:
+                        continue
+                    c = chunk.choices[0]
+                    piece = (c.delta.content if self.is_chat_model else c.text) or ""
+                    finish = c.finish_reason or finish
+                    if piece:
+                        yield piece, {"id": rid}
+            finally:
+                stream.close()
+        self._count(ctx, usage)
+        meta: dict[str, Any] = {"id": rid, "finish_reason": {"type": finish}}
+        if usage is not None:
+            meta.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        yield "", meta
+
+    # ---- speculative API execution -----------------------------------------------------------------------
+    def _spec_generate(self, ctx: GenContext, params: GenParams,
+                       kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Serve the gen from the program's kept continuation if the program followed it, else call the API."""
+        stops = tuple(params.stop or ())
+        max_tokens = params.max_new_tokens if params.max_new_tokens is not None else 16
+        call_kwargs = {k: v for k, v in kwargs.items() if k not in ("stop", "max_tokens")}
+        key = json.dumps(call_kwargs, sort_keys=True, default=str)
+        kept: _Lookahead | None = ctx.program.get(_SPEC_KEY)
+        if kept is not None and kept.key == key and ctx.text.startswith(kept.end):
+            constant = ctx.text[len(kept.end):]
+            if kept.rest.startswith(constant):
+                served = kept.advance(len(constant)).take(stops, max_tokens, first=False)
+                if served is not None:
+                    part, finish, after = served
+                    ctx.program[_SPEC_KEY] = after
+                    self._count(ctx, None, calls=0, spec_hits=1)
+                    return part, {"id": kept.rid, "finish_reason": finish, "speculative": "hit"}
+        want = max(ctx.num_api_spec_tokens or 0, max_tokens)
+        resp = self._completion(ctx, "completion", prompt=ctx.text, n=1, max_tokens=want, logprobs=1, **call_kwargs)
+        choice = resp.choices[0]
+        offsets = None
+        lp = getattr(choice, "logprobs", None)
+        if lp is not None and lp.text_offset:
+            # OpenAI counts offsets from the prompt's start; some servers from the completion's
+            base = len(ctx.text) if lp.text_offset[0] >= len(ctx.text) else 0
+            offsets = [o - base for o in lp.text_offset]
+            if offsets[0] != 0 or offsets != sorted(offsets) or offsets[-1] > len(choice.text):
+                offsets = None  # not token bounds of this text: cut by stop strings only
+        look = _Lookahead(ctx.text, choice.text, offsets, choice.finish_reason == "stop", key, resp.id)
+        served = look.take(stops, max_tokens, first=True)
+        assert served is not None  # a fresh lookahead always serves its first gen
+        part, finish, after = served
+        ctx.program[_SPEC_KEY] = after
+        meta = _meta(resp, None)
+        meta.update(finish_reason=finish, speculative="call")
+        return part, meta
+
+    # ---- select ------------------------------------------------------------------------------------------
+    def select(self, ctx: GenContext, choices: list[str], temperature: float,
+               choices_method: str) -> ChoiceDecision:
+        """Completion models: one echoed call scores every choice's tokens (text offsets find where each choice
+        starts; a token merging the prefix's end with the choice counts as the choice's)."""
+        if self.is_chat_model:
+            raise BackendError("select needs token logprobs of given text, which chat endpoints do not return; "
+                               "use a completion model")
+        if choices_method not in SCORING_METHODS:
+            raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("choices must be a non-empty list of non-empty strings")
+        if not ctx.text:
+            raise BackendError("select needs a non-empty prefix to score choices against")
+        fulls = [ctx.text + c for c in choices]
+        spans = self._echo_logprobs(ctx, fulls, [len(ctx.text)] * len(choices))
+        cond = [[lp for _, lp, _ in span if lp is not None] for span in spans]
+        uncond = None
+        if choices_method == "unconditional_likelihood_normalized":
+            # each choice after only the prefix's last token (its text), as Engine.score does
+            heads = [span[0][2] for span in spans]
+            alone = [full[h:] for full, h in zip(fulls, heads)]
+            spans_u = self._echo_logprobs(ctx, alone, [len(ctx.text) - h for h in heads])
+            uncond = [[lp for _, lp, _ in span if lp is not None] for span in spans_u]
+        if any(not c for c in cond):
+            raise BackendError("the endpoint returned no logprobs for a choice's tokens")
+        index, normalized = choose(choices_method, cond, uncond)
+        meta: dict[str, Any] = {
+            "normalized_prompt_logprobs": normalized,
+            "input_token_logprobs": [[(lp, None, tok) for tok, lp, _ in span] for span in spans],
+            "choices": list(choices),
+        }
+        if uncond is not None:
+            meta["unconditional_token_logprobs"] = uncond
+        return ChoiceDecision(choices[index], meta)
+
+    def _echo_logprobs(self, ctx: GenContext, prompts: list[str],
+                       starts: list[int]) -> list[list[tuple[str, float | None, int]]]:
+        """Per prompt: (token, logprob, start offset of the previous token) for the tokens from the one that
+        holds character `start` to the end of the prompt."""
+        try:
+            resp = self._completion(ctx, "select (echoed prompt logprobs)", prompt=prompts, echo=True, logprobs=1,
+                                    max_tokens=1, temperature=0.0)
+        except BackendError as e:
+            raise BackendError(f"select needs the prompt's token logprobs (echo=True with logprobs), which this "
+                               f"endpoint refused: {e}") from e
+        spans = []
+        for choice in sorted(resp.choices, key=lambda c: c.index):
+            lp = choice.logprobs
+            if lp is None or not lp.text_offset:
+                raise BackendError("select needs token logprobs of the echoed prompt; the endpoint sent none")
+            prompt, start = prompts[choice.index], starts[choice.index]
+            offsets = lp.text_offset
+            first = max((i for i, o in enumerate(offsets) if o <= start), default=0)
+            end = sum(1 for o in offsets if o < len(prompt))
+            prev = offsets[first - 1] if first > 0 else offsets[first]
+            spans.append([(lp.tokens[i], lp.token_logprobs[i], prev) for i in range(first, max(end, first + 1))])
+        return spans
+
+
+class _Lookahead:
+    """Text the model wrote past the last gen (speculative execution): `rest` continues the program text `end`.
+    `offsets` are token start positions within `rest` (None when the server gave no token bounds)."""
+
+    def __init__(self, end: str, rest: str, offsets: list[int] | None, complete: bool, key: str, rid: str) -> None:
+        self.end, self.rest, self.offsets, self.complete, self.key, self.rid = end, rest, offsets, complete, key, rid
+
+    def advance(self, n: int) -> _Lookahead:
+        """Drop the first n characters of `rest` (text the program has appended itself)."""
+        offsets = None if self.offsets is None else [o - n for o in self.offsets if o >= n]
+        return _Lookahead(self.end + self.rest[:n], self.rest[n:], offsets, self.complete, self.key, self.rid)
+
+    def take(self, stops: tuple[str, ...], max_tokens: int,
+             first: bool) -> tuple[str, dict[str, Any], _Lookahead] | None:
+        """The gen's text from the start of `rest` (cut at a stop or max_tokens, like the API would) and what is
+        left after it; None when the kept text ends before the gen would (then a real call is needed)."""
+        text = self.rest
+        limit = len(text)  # where the gen's max_tokens-th token ends, when token bounds are known
+        enough = self.offsets is not None and len(self.offsets) >= max_tokens
+        if self.offsets is not None and len(self.offsets) > max_tokens:
+            limit = self.offsets[max_tokens]
+        # the API stops at the first stop string to complete (and leaves it out), if that is within max_tokens
+        hits = sorted((i + len(s), i, s) for s in stops if (i := text.find(s)) != -1)
+        if hits and hits[0][0] <= limit:
+            _, pos, stop = hits[0]
+            return text[:pos], {"type": "stop", "matched": stop}, self.advance(pos)
+        if enough:
+            return text[:limit], {"type": "length"}, self.advance(limit)
+        if self.complete:  # the model ended (EOS) inside the kept text
+            return text, {"type": "stop", "matched": None}, self.advance(len(text))
+        if first:  # no token bounds and no stop: the whole continuation is the best answer there is
+            return text, {"type": "length"}, self.advance(len(text))
+        return None
+
+
+def _meta(resp: Any, choice: Any) -> dict[str, Any]:
+    finish: dict[str, Any] = {"type": getattr(choice, "finish_reason", None)}
+    matched = getattr(choice, "matched_stop", None)  # SGLang-style servers say which stop string ended it
+    if matched is not None:
+        finish["matched"] = matched
+    meta: dict[str, Any] = {"id": resp.id, "finish_reason": finish}
+    if resp.usage is not None:
+        meta.update(prompt_tokens=resp.usage.prompt_tokens, completion_tokens=resp.usage.completion_tokens)
+    return meta
+
+
+def _status_message(e: Any) -> str:
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return str(getattr(e, "message", e))
