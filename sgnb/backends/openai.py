@@ -224,7 +224,7 @@ class OpenAI(Backend):
         self._count(ctx, usage)
         meta: dict[str, Any] = {"id": rid, "finish_reason": {"type": finish}}
         if usage is not None:
-            meta.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+            meta.update(_usage_meta(usage))
         yield "", meta
 
     # ---- speculative API execution -----------------------------------------------------------------------
@@ -367,8 +367,16 @@ def _meta(resp: Any, choice: Any) -> dict[str, Any]:
         finish["matched"] = matched
     meta: dict[str, Any] = {"id": resp.id, "finish_reason": finish}
     if resp.usage is not None:
-        meta.update(prompt_tokens=resp.usage.prompt_tokens, completion_tokens=resp.usage.completion_tokens)
+        meta.update(_usage_meta(resp.usage))
     return meta
+
+
+def _usage_meta(usage: Any) -> dict[str, Any]:
+    """Token counts, with the server's prompt cache hits where it reports them (prompt_tokens_details)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "cached_tokens": cached or 0}
 
 
 def _status_message(e: Any) -> str:

@@ -11,8 +11,23 @@ from . import programs as P  # noqa: N812
 
 
 @pytest.fixture(scope="module")
-def backend(engine):
-    return sgl.Runtime(engine=engine)
+def server(engine):
+    from sgnb.server import start_server_thread
+
+    handle = start_server_thread(engine, "127.0.0.1", 0)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module", params=["runtime", "endpoint", "openai"])
+def backend(request, engine):
+    """The same programs in-process, over SGLang's native HTTP API, and over the OpenAI API (official client)."""
+    if request.param == "runtime":
+        return sgl.Runtime(engine=engine)
+    server = request.getfixturevalue("server")
+    if request.param == "endpoint":
+        return sgl.RuntimeEndpoint(server.url)
+    return sgl.OpenAI(engine.model_name, base_url=server.url + "/v1", api_key="local", is_chat_model=False)
 
 
 def test_few_shot_qa(backend):
@@ -89,6 +104,8 @@ def test_backend_error_surfaces_with_program_line(backend):
 
 
 def test_frontend_hint_caches_prefix_before_batch(engine, backend):
+    if isinstance(backend, sgl.OpenAI):
+        pytest.skip("the OpenAI API has no cache-prefix call")
     engine.flush_cache()
     P.few_shot_qa.run_batch([{"question": f"Q{i}?"} for i in range(4)], backend=backend)
     prefix_tokens = len(engine.tokenizer.encode(P.FEW_SHOT + "Q: "))
@@ -98,6 +115,8 @@ def test_frontend_hint_caches_prefix_before_batch(engine, backend):
 
 
 def test_trace_constant_prefix(backend):
+    if not isinstance(backend, sgl.Runtime):
+        pytest.skip("backend-independent")
     traced = P.few_shot_qa.trace(backend)
     assert traced.constant_prefix == P.FEW_SHOT + "Q: "
     assert any(type(n).__name__ == "Gen" for n in traced.nodes)
