@@ -127,7 +127,12 @@ class Scheduler:
             log.exception("scheduler crashed")
             self.fatal = e
             for req in [*self.waiting, *self.running, *([self.chunked] if self.chunked else [])]:
-                self._fail(req, e, release=False)
+                try:
+                    self._fail(req, e)
+                except Exception:  # state may be inconsistent after a crash: still wake the caller
+                    req.finish_reason = {"type": "abort", "message": f"engine crashed: {e!r}"}
+                    if req.on_update is not None:
+                        req.on_update(req)
         finally:
             for fut in self._pending_flush:
                 fut.set_result(False)
@@ -245,7 +250,7 @@ class Scheduler:
             # nothing runs and nothing will free memory: the head request can never fit
             req = self.waiting.pop(0)
             self._fail(req, MemoryError(
-                f"request needs more KV cache than the pool holds ({self.kv_pool.size} tokens)"), release=False)
+                f"request needs more KV cache than the pool holds ({self.kv_pool.size} tokens)"))
         return batch
 
     def _alloc_extend(self, req: Req, start: int, n: int) -> bool:
@@ -487,15 +492,15 @@ class Scheduler:
         if req.on_update is not None:
             req.on_update(req)
 
-    def _fail(self, req: Req, exc: BaseException, release: bool = True) -> None:
+    def _fail(self, req: Req, exc: BaseException) -> None:
         log.warning("request %s failed: %r", req.rid, exc)
         req.error = exc
+        self.counters.requests_failed += 1
+        self._finish(req, {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}, cache=False)
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
-        self.counters.requests_failed += 1
-        self._finish(req, {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}, cache=False)
 
     # ---- KV ownership ----------------------------------------------------------------------------------
     def _cache_unfinished(self, req: Req) -> None:
@@ -541,11 +546,12 @@ class Scheduler:
             return
         for req in [*self.waiting, *self.running, *([self.chunked] if self.chunked else [])]:
             if req.rid in self._aborts and not req.finished:
+                # release first, then leave the queues: an observer never sees idle with locks still held
+                self._finish(req, {"type": "abort", "message": "aborted"})
                 if req in self.waiting:
                     self.waiting.remove(req)
                 if req in self.running:
                     self.running.remove(req)
-                self._finish(req, {"type": "abort", "message": "aborted"})
         self._aborts.clear()
 
     def _flush_now(self) -> None:
