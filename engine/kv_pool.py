@@ -42,8 +42,11 @@ class KVPool:
         self.dtype = dtype
         self.device = device
         shape = (num_slots + 1, num_kv_heads, head_dim)
+        # empty, not zeros: a large pool is never touched before use, so it costs no start-up time
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in (*self.k_buffers, *self.v_buffers):
+            buf[0].zero_()  # slot 0 pads gathers (masked keys): garbage there could be NaN, and 0 * NaN = NaN
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
         self._pending: list[torch.Tensor] = []  # freed slots, merged lazily (cat is cheaper once per step)
 

@@ -27,6 +27,9 @@ def _assert_pool_consistent(engine) -> None:
     assert pool.available + tree.total_size == pool.size
     slots = tree.all_slots()
     assert slots.unique().numel() == slots.numel()
+    assert 0 not in slots.tolist()
+    # slot 0 pads batched gathers: it must stay zero (garbage there once leaked NaN into cascade attention)
+    assert all(not buf[0].any() for buf in (*pool.k_buffers, *pool.v_buffers))
 
 
 def test_prefill_logprobs_match_hf(engine, hf_logprobs):
