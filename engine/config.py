@@ -25,6 +25,7 @@ class EngineConfig:
     chunked_prefill_size: int = 2048  # a longer extend is split into chunks of this many tokens
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1

@@ -55,7 +55,10 @@ class Engine:
         self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
                                emit=self.events.emit)
         eos = tuple(self.tokenizer.eos_token_ids) or tuple(self.source.config.eos_token_ids)
-        self.scheduler = Scheduler(self.config, self.runner, self.tree, self.events, eos, self.tokenizer.decode)
+        self._grammar_backend: Any = None
+        self._grammar_lock = threading.Lock()
+        self.scheduler = Scheduler(self.config, self.runner, self.tree, self.events, eos, self.tokenizer,
+                                   self.grammar_backend)
         self.scheduler.start()
         # stop the thread at exit or when the engine is collected (a daemon thread dying inside torch aborts)
         self._finalizer = weakref.finalize(self, self.scheduler.stop)
@@ -76,6 +79,15 @@ class Engine:
     @property
     def model_name(self) -> str:
         return self.source.name
+
+    def grammar_backend(self) -> Any:
+        """The structured-output compiler (xgrammar), made on first use: unconstrained work never loads it."""
+        with self._grammar_lock:
+            if self._grammar_backend is None:
+                from sgnb.engine.grammar import GrammarBackend
+
+                self._grammar_backend = GrammarBackend(self.tokenizer, self.source.config.vocab_size)
+            return self._grammar_backend
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
@@ -139,8 +151,14 @@ class Engine:
         for i in range(count):
             ids = self._tokens(prompts[i], id_lists[i])  # type: ignore[arg-type]
             sp = SamplingParams.from_dict(params[i])
+            grammar_future = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
-                raise NotImplementedError("constrained decoding (regex / json_schema / ebnf) is not built yet")
+                from sgnb.engine.grammar import constraint_of
+
+                kind, source = constraint_of(sp)  # type: ignore[misc]
+                backend = self.grammar_backend()
+                backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
+                grammar_future = backend.compile_async(kind, source)  # off the scheduler's critical path
             room = self.context_length - len(ids)
             if sp.max_new_tokens > room:
                 sp = dataclasses.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
@@ -153,6 +171,7 @@ class Engine:
             for j in range(sp.n):
                 req = Req(base if sp.n == 1 else f"{base}-{j}", ids, dataclasses.replace(sp, n=1),
                           return_logprob=bool(lps[i]), logprob_start_len=start, top_logprobs_num=int(tops[i]))
+                req.grammar_future = grammar_future
                 if sp.seed is not None:
                     req.generator = torch.Generator(device=self.runner.device).manual_seed(sp.seed + j)
                 reqs.append(req)
@@ -282,6 +301,10 @@ class Engine:
         }
         if req.first_token_time is not None:
             meta["ttft"] = req.first_token_time - req.created
+        meta["decode_steps"] = req.decode_steps
+        meta["forced_tokens"] = sum(req.forced)
+        if req.grammar is not None:
+            meta["output_forced"] = list(req.forced)
         if req.error is not None:
             meta["error"] = f"{type(req.error).__name__}: {req.error}"
         if req.return_logprob:
@@ -428,6 +451,8 @@ class Engine:
         if not self._closed:
             self._closed = True
             self._finalizer()
+            if self._grammar_backend is not None:
+                self._grammar_backend.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -33,7 +33,7 @@ from sgnb.engine.tokenizer import Tokenizer
 
 __all__ = [
     "CompiledGrammar", "GrammarBackend", "GrammarMatcher", "JumpForward", "allocate_bitmask", "apply_bitmask",
-    "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "jump_forward",
+    "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "jump_forward", "validate_constraint",
 ]
 
 Kind = Literal["regex", "json_schema", "ebnf"]
@@ -82,18 +82,7 @@ class GrammarBackend:
 
         Parses only (sub-millisecond for typical constraints); the token-level compile happens in compile().
         """
-        _check_kind(kind, source)
-        try:
-            if kind == "regex":
-                xgr.Grammar.from_regex(source)
-            elif kind == "json_schema":
-                xgr.Grammar.from_json_schema(_schema_text(source), any_whitespace=self.json_any_whitespace)
-            else:
-                xgr.Grammar.from_ebnf(source)
-        except ValueError:
-            raise
-        except Exception as e:  # xgrammar raises RuntimeError from its C++ parsers
-            raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+        validate_constraint(kind, source, self.json_any_whitespace)
 
     def compile(self, kind: str, source: str) -> CompiledGrammar:
         """The compiled grammar for (kind, source), from the cache when present. Raises ValueError if invalid."""
@@ -109,7 +98,8 @@ class GrammarBackend:
         key = (kind, source)
         with self._lock:
             fut = self._cache.get(key)
-            if fut is not None:
+            # a failed Future may still be here: its waiters wake before the callback that drops it runs
+            if fut is not None and not (fut.done() and fut.exception() is not None):
                 self._cache.move_to_end(key)
                 return fut
             if self._pool is None:
@@ -142,9 +132,11 @@ class GrammarBackend:
                 return
             done = [(k, f) for k, f in self._cache.items() if f.done() and f.exception() is None]
             total = sum(f.result().memory_size_bytes for _, f in done)
-            for k, f in done:
-                if total <= self.cache_limit_bytes or k == key:
+            for k, f in done:  # oldest first; never the grammar just compiled
+                if total <= self.cache_limit_bytes:
                     break
+                if k == key:
+                    continue
                 total -= f.result().memory_size_bytes
                 del self._cache[k]
 
@@ -239,6 +231,23 @@ def _token_bytes(token: str, vocab_type: xgr.VocabType) -> bytes:
     return token.encode("utf-8")
 
 
+def validate_constraint(kind: str, source: str, json_any_whitespace: bool = True) -> None:
+    """Parse a constraint without any tokenizer: ValueError with the parser's message when it is invalid.
+    The language calls this at the gen() line, the engine at submission."""
+    _check_kind(kind, source)
+    try:
+        if kind == "regex":
+            xgr.Grammar.from_regex(source)
+        elif kind == "json_schema":
+            xgr.Grammar.from_json_schema(_schema_text(source), any_whitespace=json_any_whitespace)
+        else:
+            xgr.Grammar.from_ebnf(source)
+    except ValueError:
+        raise
+    except Exception as e:  # xgrammar raises RuntimeError from its C++ parsers
+        raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+
+
 def _check_kind(kind: str, source: Any) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown constraint kind {kind!r}; expected one of {KINDS}")
@@ -306,8 +315,8 @@ def _prefix_upper_bound(b: bytes) -> bytes | None:
 class GrammarMatcher:
     """The grammar state of one request: the tokens it accepted so far, in order (`tokens`).
 
-    Not thread-safe: use it from the scheduler thread only. Every method but fill_bitmask and
-    find_jump_forward_string mutates the state.
+    Not thread-safe: use it from one thread at a time (the scheduler's). accept_token and rollback (and
+    jump_forward) change the state; the other methods only read it.
     """
 
     def __init__(self, compiled: CompiledGrammar, vocab: TokenVocab) -> None:
@@ -348,13 +357,25 @@ class GrammarMatcher:
         whole UTF-8 characters only: after a token that ends inside a character it is ''."""
         return self._m.find_jump_forward_string()
 
+    def stop_is_forced(self) -> bool:
+        """The text is complete and the grammar allows nothing but a stop token next: the engine may finish the
+        request (appending the stop token) without another forward pass."""
+        if self.is_terminated() or not self.is_completed():
+            return False
+        allowed = np.flatnonzero(np.unpackbits(self._next_words().view(np.uint8), bitorder="little"))
+        return set(allowed.tolist()) <= set(self._m.stop_token_ids)
+
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the grammar allows next (bool array)."""
+        words = self._next_words()
+        return ((words[ids >> 5] >> (ids & 31).astype(np.int32)) & 1).astype(bool)
+
+    def _next_words(self) -> np.ndarray:
+        """The next-token bitmask as int32 words, in a scratch row (valid until the next call)."""
         if self._scratch is None:
             self._scratch = allocate_bitmask(1, len(self.vocab))
         self._m.fill_next_token_bitmask(self._scratch, 0)
-        words = self._scratch[0].numpy()
-        return ((words[ids >> 5] >> (ids & 31).astype(np.int32)) & 1).astype(bool)
+        return self._scratch[0].numpy()
 
 
 # ---- jump-forward ----------------------------------------------------------------------------------------------
@@ -388,8 +409,8 @@ def jump_forward(matcher: GrammarMatcher, output_ids: list[int], tokenizer: Toke
     vocab = matcher.vocab
     if matcher.is_terminated():
         return None
-    n = len(output_ids)
-    assert len(matcher.tokens) == n and matcher.tokens[max(0, n - max_rollback):] == list(output_ids[max(0, n - max_rollback):]), \
+    recent = max(0, len(output_ids) - max_rollback)
+    assert len(matcher.tokens) == len(output_ids) and matcher.tokens[recent:] == list(output_ids[recent:]), \
         "the matcher must have accepted exactly output_ids"
     forced = matcher.find_jump_forward_string()
     if not forced:
@@ -399,7 +420,7 @@ def jump_forward(matcher: GrammarMatcher, output_ids: list[int], tokenizer: Toke
     tail_ids = output_ids[len(output_ids) - k:]
     text = tail_bytes.decode("utf-8") + forced
     new_ids = tokenizer.backend.encode(text, add_special_tokens=False).ids
-    if vocab.join(new_ids) != text.encode("utf-8"):
+    if max(new_ids, default=0) >= len(vocab) or vocab.join(new_ids) != text.encode("utf-8"):
         return None  # the tokenizer adds or alters bytes (a prefix space, special-token text): not safe
     p = 0
     while p < min(k, len(new_ids)) and tail_ids[p] == new_ids[p]:
@@ -517,7 +538,9 @@ def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
 
 
 def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
-    """Same contract as apply_bitmask_torch, through xgrammar's kernel (C++ on CPU tensors)."""
+    """Same contract as apply_bitmask_torch, through xgrammar's kernel (C++ for CPU tensors, CUDA/Triton when
+    both tensors are on a GPU)."""
+    assert logits.dim() == 2 and bitmask.dim() == 2 and bitmask.dtype == torch.int32, (logits.shape, bitmask.dtype)
     V = logits.shape[1]
     W = bitmask.shape[1]
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(V, W * 32), indices=rows)
@@ -529,5 +552,8 @@ def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: li
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
-    """The default CPU implementation (see the module tests' benchmark for the choice)."""
+    """The default: xgrammar's kernel. On CPU (1 thread, V=49152) it is ~3x faster than the torch unpack on
+    permissive masks (free text: the states where jump-forward cannot help and tokens are really sampled;
+    0.09 vs 0.25 ms at B=1, 1.4 vs 4.1 ms at B=16) and up to ~2x slower on restrictive ones at B >= 4
+    (0.24 vs 0.19 ms at B=1, 3.8 vs 2.0 ms at B=16); it also makes no (B, V) temporaries."""
     apply_bitmask_xgrammar(logits, bitmask, rows)

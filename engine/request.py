@@ -48,6 +48,11 @@ class Req:
         self.output_token_logprobs: list[tuple] = []
         self.output_top_logprobs: list[list[tuple] | None] = []
         self.input_logprobs_done = not (return_logprob and logprob_start_len >= 0)
+        # structured output: a compile future at submission, the matcher once admitted
+        self.grammar_future: Any = None
+        self.grammar: Any = None
+        self.forced: list[bool] = []  # per output token: appended by jump-forward (True) or sampled
+        self.decode_steps = 0  # model forwards that produced a sampled token of this request
         self.abort_requested = False
         self.created = time.perf_counter()
         self.first_token_time: float | None = None

@@ -7,6 +7,7 @@ the others are scaled by temperature and filtered by top-k, top-p and min-p befo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -31,7 +32,7 @@ def apply_penalties(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, .
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
             ids, counts = torch.tensor(req.output_ids, device=logits.device).unique(return_counts=True)
             logits[i, ids] -= sp.frequency_penalty * counts.to(logits.dtype) + sp.presence_penalty
-        if len(req.output_ids) < sp.min_new_tokens:
+        if len(req.output_ids) < sp.min_new_tokens and req.grammar is None:  # a grammar decides its own end
             banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_ids))
             if banned:
                 logits[i, torch.tensor(banned, device=logits.device)] = float("-inf")
@@ -52,11 +53,16 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
 
 
 def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
-           default_generator: torch.Generator | None) -> SampleOutput:
-    """logits (B, V) float32 for the next token of each request. Mutates logits."""
+           default_generator: torch.Generator | None,
+           apply_mask: Callable[[torch.Tensor], None] | None = None) -> SampleOutput:
+    """logits (B, V) float32 for the next token of each request. Mutates logits. `apply_mask` masks the
+    rows of constrained requests (grammar bitmask); reported logprobs are then those of the constrained
+    distribution."""
     B, V = logits.shape
     assert B == len(reqs)
     apply_penalties(logits, reqs, eos_ids)
+    if apply_mask is not None:
+        apply_mask(logits)
     want_lp = any(r.return_logprob for r in reqs)
     logprobs_all = logits.log_softmax(-1) if want_lp else None  # (B, V)
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,10 @@ from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
 from sgnb.engine.sampler import sample
 from sgnb.engine.schedule_policy import order_waiting
+from sgnb.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # xgrammar loads only once a request is constrained (it imports transformers: ~1.5 s)
+    from sgnb.engine.grammar import GrammarBackend
 
 log = logging.getLogger("sgnb.engine")
 
@@ -61,7 +65,7 @@ class _PrefillItem:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, runner: ModelRunner, tree: RadixCache, events: EventBus,
-                 eos_ids: tuple[int, ...], decode: Callable[[list[int], bool], str]) -> None:
+                 eos_ids: tuple[int, ...], tokenizer: Tokenizer, grammar: Callable[[], GrammarBackend]) -> None:
         self.config = config
         self.runner = runner
         self.kv_pool = runner.kv_pool
@@ -69,10 +73,13 @@ class Scheduler:
         self.tree = tree
         self.events = events
         self.eos_ids = eos_ids
-        self.decode = decode
+        self.tokenizer = tokenizer
+        self.decode = tokenizer.decode
+        self.grammar = grammar  # the engine's GrammarBackend, made on first use
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        self.extending: list[Req] = []  # jump-forward appended several tokens: next round extends them
         self.inbox: queue.Queue = queue.Queue()
         self.new_token_ratio = config.init_new_token_ratio
         self.counters = Counters()
@@ -105,7 +112,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.extending)
 
     # ---- the loop --------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -126,7 +133,7 @@ class Scheduler:
         except BaseException as e:  # a bug in the engine: fail everything loudly rather than hang callers
             log.exception("scheduler crashed")
             self.fatal = e
-            for req in [*self.waiting, *self.running, *([self.chunked] if self.chunked else [])]:
+            for req in self._live():
                 try:
                     self._fail(req, e)
                 except Exception:  # state may be inconsistent after a crash: still wake the caller
@@ -136,6 +143,9 @@ class Scheduler:
         finally:
             for fut in self._pending_flush:
                 fut.set_result(False)
+
+    def _live(self) -> list[Req]:
+        return [*self.waiting, *self.running, *self.extending, *([self.chunked] if self.chunked else [])]
 
     def step(self) -> bool:
         """One scheduling round. Returns whether a batch ran."""
@@ -177,12 +187,21 @@ class Scheduler:
 
     def _admit(self) -> list[_PrefillItem]:
         """Pick the next prefill batch, lock its prefixes and allocate its KV. Empty when nothing fits."""
-        if not self.waiting and self.chunked is None:
+        if not self.waiting and self.chunked is None and not self.extending:
             return []
         budget = self.config.max_prefill_tokens
         chunk = self.config.chunked_prefill_size
         reserved = sum(self._reserve(r) for r in self.running)
         batch: list[_PrefillItem] = []
+
+        while self.extending and budget > 0:  # jump-forward continuations: they hold their KV already
+            req = self.extending[0]
+            ext = len(req.fill_ids) - req.kv_len
+            if ext > budget or not self._alloc_extend(req, req.kv_len, ext):
+                break
+            self.extending.pop(0)
+            batch.append(_PrefillItem(req, ext))
+            budget -= ext
 
         if self.chunked is not None:  # a long prompt in progress goes first
             req = self.chunked
@@ -196,11 +215,15 @@ class Scheduler:
                 reserved += self._reserve(req)
 
         deferred_keys: set[tuple] = set()
+        compiling = False
         admitted: list[Req] = []
         threshold = self.config.in_batch_prefix_threshold
         for req in order_waiting(self.config.schedule_policy, self.waiting, self.tree):
             if budget <= 0 or len(self.running) + len(batch) >= self.config.max_running_requests:
                 break
+            if req.grammar_future is not None and req.grammar is None and not self._attach_grammar(req):
+                compiling = True
+                continue  # still compiling (or failed)
             fill = req.fill_ids
             match = self.tree.match_prefix(fill)
             prefix = min(len(match.indices), len(fill) - 1)  # compute at least one token: its logits
@@ -246,12 +269,38 @@ class Scheduler:
         if admitted:
             ids = {id(r) for r in admitted}
             self.waiting = [r for r in self.waiting if id(r) not in ids]
-        if not batch and self.waiting and not self.running and self.chunked is None:
+        if not batch and self.waiting and not self.running and self.chunked is None and not compiling:
             # nothing runs and nothing will free memory: the head request can never fit
             req = self.waiting.pop(0)
             self._fail(req, MemoryError(
                 f"request needs more KV cache than the pool holds ({self.kv_pool.size} tokens)"))
         return batch
+
+    def _attach_grammar(self, req: Req) -> bool:
+        """Give an admitted request its matcher once its grammar compiled; force the grammar's fixed opening
+        (e.g. '{"name": "') into the output before the first prefill."""
+        fut = req.grammar_future
+        if not fut.done():
+            return False
+        try:
+            req.grammar = self.grammar().matcher(fut.result())
+        except Exception as e:
+            self._fail(req, e)
+            return False
+        if not self.config.disable_jump_forward and not req.output_ids:
+            from sgnb.engine.grammar import jump_forward
+
+            jf = jump_forward(req.grammar, [], self.tokenizer, max_growth=req.remaining_new_tokens() - 1)
+            if jf is not None:
+                self._append_forced(req, jf.forced_ids)
+        return True
+
+    def _append_forced(self, req: Req, ids: list[int]) -> None:
+        req.output_ids.extend(ids)
+        req.forced.extend([True] * len(ids))
+        if req.return_logprob:  # not sampled: no distribution was consulted
+            req.output_token_logprobs.extend((None, t) for t in ids)
+            req.output_top_logprobs.extend([None] * len(ids))
 
     def _alloc_extend(self, req: Req, start: int, n: int) -> bool:
         slots = self._alloc(n)
@@ -329,7 +378,8 @@ class Scheduler:
             offset += item.extend
         if to_sample:
             self._sample_and_advance(to_sample, hidden[rows])
-            self.running.extend(r for r in to_sample if not r.finished)
+            extending = {id(r) for r in self.extending}
+            self.running.extend(r for r in to_sample if not r.finished and id(r) not in extending)
 
     def _input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
         """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows (positions start..)."""
@@ -422,7 +472,7 @@ class Scheduler:
     # ---- sampling and finishing ------------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], hidden: torch.Tensor) -> None:
         try:
-            out = sample(self.runner.logits(hidden), reqs, self.eos_ids, self.generator)
+            out = sample(self.runner.logits(hidden), reqs, self.eos_ids, self.generator, self._grammar_mask(reqs))
         except Exception as e:  # e.g. a penalty on a bad token id: fails this batch, not the engine
             for r in reqs:
                 self._fail(r, e)
@@ -434,29 +484,93 @@ class Scheduler:
             try:
                 token = out.token_ids[i]
                 r.output_ids.append(token)
+                r.forced.append(False)
+                r.decode_steps += 1
                 if r.first_token_time is None:
                     r.first_token_time = now
                 if r.return_logprob:
                     r.output_token_logprobs.append((out.logprobs[i], token))  # type: ignore[index]
                     r.output_top_logprobs.append(out.top_logprobs[i] if out.top_logprobs else None)
+                if r.grammar is not None and not r.grammar.accept_token(token):
+                    raise RuntimeError(f"the grammar rejected token {token} that its own mask allowed")
                 self._check_finish(r, token)
+                if not r.finished and r.grammar is not None and not self.config.disable_jump_forward:
+                    self._jump_forward(r)
                 if not r.finished and r.on_update is not None:
                     r.on_update(r)
             except Exception as e:
                 self._fail(r, e)
-        self.running = [r for r in self.running if not r.finished]
+        extending = {id(r) for r in self.extending}
+        self.running = [r for r in self.running if not r.finished and id(r) not in extending]
+
+    def _grammar_mask(self, reqs: list[Req]) -> Callable[[torch.Tensor], None] | None:
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        from sgnb.engine.grammar import apply_bitmask
+
+        backend = self.grammar()
+        bitmask = backend.allocate_bitmask(len(reqs))
+        backend.fill_bitmasks([reqs[i].grammar for i in rows], bitmask, rows)
+        return lambda logits: apply_bitmask(logits, bitmask, rows)
+
+    def _jump_forward(self, req: Req) -> None:
+        """The grammar admits one continuation: append its canonical tokens now (re-tokenizing the last few
+        generated tokens with it), to be computed by one extend next round instead of one decode each."""
+        fill_len = len(req.fill_ids)
+        growth = min(req.remaining_new_tokens(), self.runner.context_length - 1 - fill_len) - 1
+        if growth <= 0:
+            return
+        from sgnb.engine.grammar import jump_forward
+
+        jf = jump_forward(req.grammar, req.output_ids, self.tokenizer,
+                          max_rollback=min(4, fill_len - req.cached_len), max_growth=growth)
+        if jf is None:
+            return
+        k = jf.rollback_tokens
+        if k:  # drop the last k tokens; the newest had no KV yet, the other k - 1 did (request-owned)
+            new_kv = fill_len - k
+            self.kv_pool.free(self.req_pool.req_to_token[req.req_pool_idx, new_kv: req.kv_len].clone())
+            req.kv_len = new_kv
+            del req.output_ids[-k:], req.forced[-k:]
+            if req.return_logprob:
+                del req.output_token_logprobs[-k:], req.output_top_logprobs[-k:]
+        self._append_forced(req, jf.forced_ids)
+        req.text = self.decode(req.output_ids, req.sampling.skip_special_tokens)
+        if self._check_stop_strings(req):
+            return
+        self.extending.append(req)
 
     def _check_finish(self, req: Req, token: int) -> None:
         sp = req.sampling
         n_out = len(req.output_ids)
         may_stop = n_out >= sp.min_new_tokens
+        if req.grammar is not None and (req.grammar.is_terminated() or req.grammar.stop_is_forced()):
+            # the constrained text is complete: end here (a forced stop needs no extra forward)
+            ended_on_stop = req.grammar.is_terminated()
+            req.text = self.decode(req.output_ids[:-1] if ended_on_stop else req.output_ids, sp.skip_special_tokens)
+            self._finish(req, {"type": "stop", "matched": token if ended_on_stop else self.eos_ids[0]})
+            return
         if may_stop and ((not sp.ignore_eos and token in self.eos_ids) or token in sp.stop_token_ids):
             req.text = self.decode(req.output_ids if sp.no_stop_trim else req.output_ids[:-1],
                                    sp.skip_special_tokens)
             self._finish(req, {"type": "stop", "matched": token})
             return
         req.text = self.decode(req.output_ids, sp.skip_special_tokens)
-        if may_stop and sp.stop:
+        if self._check_stop_strings(req):
+            return
+        if n_out >= sp.max_new_tokens:
+            self._finish(req, {"type": "length", "length": sp.max_new_tokens})
+        elif req.kv_len + 1 >= self.runner.context_length:
+            self._finish(req, {"type": "length", "length": n_out, "message": "context length reached"})
+
+    def _check_stop_strings(self, req: Req) -> bool:
+        """Finish the request if its text holds a stop string or stop regex match (trimmed off). req.text must
+        be current."""
+        sp = req.sampling
+        if len(req.output_ids) < sp.min_new_tokens:
+            return False
+        if sp.stop:
             hits = [(req.text.find(s), s) for s in sp.stop]
             hits = [(i, s) for i, s in hits if i >= 0]
             if hits:
@@ -464,19 +578,15 @@ class Scheduler:
                 if not sp.no_stop_trim:
                     req.text = req.text[:pos]
                 self._finish(req, {"type": "stop", "matched": s})
-                return
-        if may_stop and sp.stop_regex:
-            for pattern in sp.stop_regex:
-                m = re.search(pattern, req.text)
-                if m:
-                    if not sp.no_stop_trim:
-                        req.text = req.text[: m.start()]
-                    self._finish(req, {"type": "stop", "matched": m.group(0)})
-                    return
-        if n_out >= sp.max_new_tokens:
-            self._finish(req, {"type": "length", "length": sp.max_new_tokens})
-        elif req.kv_len + 1 >= self.runner.context_length:
-            self._finish(req, {"type": "length", "length": n_out, "message": "context length reached"})
+                return True
+        for pattern in sp.stop_regex:
+            m = re.search(pattern, req.text)
+            if m:
+                if not sp.no_stop_trim:
+                    req.text = req.text[: m.start()]
+                self._finish(req, {"type": "stop", "matched": m.group(0)})
+                return True
+        return False
 
     def _finish(self, req: Req, reason: dict[str, Any], cache: bool = True) -> None:
         req.finish_reason = reason
@@ -497,10 +607,9 @@ class Scheduler:
         req.error = exc
         self.counters.requests_failed += 1
         self._finish(req, {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}, cache=False)
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
+        for queue_ in (self.running, self.waiting, self.extending):
+            if req in queue_:
+                queue_.remove(req)
 
     # ---- KV ownership ----------------------------------------------------------------------------------
     def _cache_unfinished(self, req: Req) -> None:
@@ -544,7 +653,7 @@ class Scheduler:
     def _apply_aborts(self) -> None:
         if not self._aborts:
             return
-        for req in [*self.waiting, *self.running, *([self.chunked] if self.chunked else [])]:
+        for req in self._live():
             if req.rid in self._aborts and not req.finished:
                 # release first, then leave the queues: an observer never sees idle with locks still held
                 self._finish(req, {"type": "abort", "message": "aborted"})
@@ -552,6 +661,8 @@ class Scheduler:
                     self.waiting.remove(req)
                 if req in self.running:
                     self.running.remove(req)
+                if req in self.extending:
+                    self.extending.remove(req)
         self._aborts.clear()
 
     def _flush_now(self) -> None:

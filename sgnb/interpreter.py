@@ -32,7 +32,7 @@ _ids = itertools.count()
 
 # typed gens are constrained by a regex (the grammar backend enforces it)
 DTYPE_REGEX = {int: r"[-+]?[0-9]+", float: r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?", bool: r"(True|False)",
-               str: r"\"[^\"\\\n]*\""}
+               str: r"\"[\w\d\s]*\""}  # as SGLang: words, digits and spaces in quotes
 
 
 class ProgramError(RuntimeError):

@@ -51,6 +51,12 @@ class GenParams:
         if "json_schema" in values and not isinstance(values["json_schema"], str):
             values["json_schema"] = _schema_to_str(values["json_schema"])
         params = cls(**values)
+        for kind in ("regex", "json_schema", "ebnf"):
+            source = getattr(params, kind)
+            if source is not None:  # an invalid constraint fails at the gen() line, with the parser's message
+                from sgnb.engine.grammar import validate_constraint
+
+                validate_constraint(kind, source)
         sampling = params.sampling_dict()
         sampling.setdefault("max_new_tokens", max(sampling.get("min_new_tokens", 0), 1))
         SamplingParams.from_dict(sampling)  # raises on a bad value

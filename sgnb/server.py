@@ -12,7 +12,7 @@ OpenAI API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
 Contracts:
 - Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
   wrong types and unknown fields (request schemas forbid extras, so a typo names itself) and the engine's
-  TypeError/ValueError are 400; features the engine lacks (regex, json_schema, ebnf, images, tools) are 400
+  TypeError/ValueError are 400 (an invalid regex / json_schema / ebnf too); features the engine lacks (images, tools) are 400
   "not supported yet"; a dead engine is 503. One request's failure never affects another's.
 - A client that goes away aborts its requests: a non-streaming handler races the engine against the
   connection's `http.disconnect`; a stream stops sending and closes its engine iterators, which abort.
@@ -767,7 +767,7 @@ class _Server:
 
 # ---- OpenAI request and response pieces ------------------------------------------------------------------------
 def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
-    """response_format -> sampling params (the engine answers json_schema with 'not supported yet' for now)."""
+    """response_format -> sampling params (json_object and json_schema become a JSON-schema constraint)."""
     kind = fmt.get("type", "text")
     if kind == "text":
         return {}

@@ -69,23 +69,28 @@ def tree_paths(cache: RadixCache) -> dict[Path, int]:
     return out
 
 
+def path_nodes(cache: RadixCache, key: list[int], n: int) -> list[TreeNode]:
+    """The nodes covering key[:n], which must end on a node boundary, root excluded."""
+    node, i, out = cache.root, 0, []
+    while i < n:
+        node = node.children[key[i]]
+        assert node.key == key[i: i + len(node)], "path is not in the tree"
+        out.append(node)
+        i += len(node)
+    assert i == n, "path does not end on a node boundary"
+    return out
+
+
+def latest(cache: RadixCache) -> float:
+    return max(n.last_access for n in cache.nodes.values())
+
+
 def longest(ref: dict[Path, int], key: list[int]) -> int:
     """Longest cached prefix of key under the (prefix-closed) reference."""
     n = 0
     while n < len(key) and tuple(key[: n + 1]) in ref:
         n += 1
     return n
-
-
-def snapshot(cache: RadixCache) -> list[dict]:
-    """cache.snapshot() with the parent of depth-1 nodes read as the root's id, so the state machine still checks
-    everything else while test_snapshot_parent_links pins that the snapshot itself reports None there (a bug)."""
-    root = cache.root.id
-    snap = cache.snapshot(max_key=BIG)
-    for e in snap:
-        if e["id"] != root and e["parent"] is None:
-            e["parent"] = root
-    return snap
 
 
 def snapshot_leaf_paths(snap: list[dict]) -> set[Path]:
@@ -151,7 +156,7 @@ def test_match_splits_and_prefix_len_has_no_side_effect() -> None:
     before, n_nodes = cache.snapshot(), len(cache.nodes)
     ev.take()
     for key in ([1, 2, 9], [1, 2, 3, 4, 5], [1], [2], [], [1, 2, 3, 4]):
-        assert cache.prefix_len(key) == longest({(1,): 0, (1, 2): 0, (1, 2, 3): 0, (1, 2, 3, 4): 0}, key)
+        assert cache.prefix_len(key) == longest({(1, 2, 3, 4)[:j]: 0 for j in range(1, 5)}, key)
     assert cache.snapshot() == before and len(cache.nodes) == n_nodes and ev.take() == []
 
     m = cache.match_prefix([1, 2, 9])
@@ -159,11 +164,13 @@ def test_match_splits_and_prefix_len_has_no_side_effect() -> None:
     assert [c.key for c in m.last_node.children.values()] == [[3, 4]]
     assert m.last_node.parent is cache.root and len(cache.nodes) == 3
     assert cache.prefix_len([1, 2, 9]) == len(m.indices) == 2
-    # a mismatch inside a node stops the walk even when a child starts with the mismatching token
-    cache.insert([1, 2, 3, 5], slots(10, 11, 12, 15))
-    assert cache.prefix_len([1, 2, 4]) == cache.prefix_len([1, 2, 3, 4, 4]) == 4
-    assert cache.prefix_len([1, 4]) == cache.prefix_len([1, 3]) == 1
-    assert cache.prefix_len([1, 2, 5]) == 2 and cache.prefix_len([1, 2, 3, 5, 1]) == 4
+    # a mismatch inside a node stops the walk even when one of its children starts with the mismatching token
+    other = RadixCache(free_slots=lambda s: None)
+    other.insert([1, 2, 3, 4], slots(10, 11, 12, 13))
+    other.insert([1, 2, 3, 5], slots(20, 21, 22, 23))  # root -> [1 2 3] -> [4], [5]
+    assert other.prefix_len([1, 4]) == other.prefix_len([1, 5, 5]) == 1
+    assert other.prefix_len([1, 2, 5]) == 2 and other.prefix_len([1, 2, 3, 5, 1]) == 4
+    assert len(other.match_prefix([1, 2, 5]).indices) == 2
     # a match ending on a boundary does not split again
     assert cache.match_prefix([1, 2]).last_node is m.last_node and len(cache.nodes) == 3
     assert cache.match_prefix([7]).last_node is cache.root
@@ -318,7 +325,7 @@ def test_snapshot_parent_links() -> None:
 keys = st.lists(st.integers(0, 3), min_size=1, max_size=20)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: list.remove must not compare tensors
 class Live:
     key: list[int]
     slots: torch.Tensor  # its req_to_token row: KV slot of every token, [:cached_len] the tree's, the rest its own
@@ -332,6 +339,8 @@ class RadixMachine(RuleBasedStateMachine):
         super().__init__()
         self.live: list[Live] = []
         self.ref: dict[Path, int] = {}  # every cached path -> slot of its last token
+        self.ev_parent: dict[int, int | None] = {}  # the tree as replayed from the events: node -> parent
+        self.ev_locked: set[int] = set()
 
     @initialize(size=st.sampled_from([24, 64, 128]))
     def setup(self, size: int) -> None:
@@ -343,15 +352,21 @@ class RadixMachine(RuleBasedStateMachine):
     def _check_match(self, key: list[int]) -> radix_cache.MatchResult:
         n = longest(self.ref, key)
         assert self.cache.prefix_len(key) == n
+        old = set(self.cache.nodes)
         m = self.cache.match_prefix(key)
         assert m.indices.tolist() == [self.ref[tuple(key[: j + 1])] for j in range(n)]
+        for upper in (self.cache.nodes[i] for i in set(self.cache.nodes) - old):  # a split: upper keeps stats
+            (lower,) = upper.children.values()
+            assert lower.id in old and upper is m.last_node
+            assert (upper.lock_ref, upper.hit_count, upper.last_access) == (
+                lower.lock_ref, lower.hit_count, lower.last_access)
         assert node_path(m.last_node) == tuple(key[:n])
         return m
 
     def _evict(self, k: int) -> int:
-        before = {e["id"]: e for e in snapshot(self.cache)}
+        before = {e["id"]: e for e in self.cache.snapshot(max_key=BIG)}
         parents = {e["parent"] for e in before.values()}
-        leaves = {i for i, e in before.items() if e["parent"] is not None and i not in parents and e["lock_ref"] == 0}
+        leaves = {i for i, e in before.items() if i != self.cache.root.id and i not in parents and e["lock_ref"] == 0}
         evictable, free_before = self.cache.evictable_size, set(pool_free(self.pool))
         live_slots = {s for r in self.live for s in r.slots.tolist()}
 
@@ -383,6 +398,23 @@ class RadixMachine(RuleBasedStateMachine):
         for j in range(present, len(key)):
             self.ref[tuple(key[: j + 1])] = int(value[j])
 
+    def _hit(self, key: list[int], n: int) -> None:
+        """record_hit on the node ending key[:n]: its path becomes the most recently used and counts one hit."""
+        path, before = path_nodes(self.cache, key, n), latest(self.cache)
+        counts = [node.hit_count for node in path]
+        self.cache.record_hit(path[-1] if path else self.cache.root, "rid")
+        assert [node.hit_count for node in path] == [c + 1 for c in counts]
+        assert all(node.last_access >= before for node in path)
+
+    def _insert(self, r: Live) -> int:
+        """insert as the scheduler does; the path that was already cached becomes the most recently used."""
+        expect, before = longest(self.ref, r.key), latest(self.cache)
+        present = self.cache.insert(r.key, r.slots)
+        assert present == expect >= r.locked_len
+        assert all(node.last_access >= before for node in path_nodes(self.cache, r.key, len(r.key)))
+        self._adopt(r.key, r.slots, present)
+        return present
+
     def _pick(self, i: int) -> Live:
         return self.live[i % len(self.live)]
 
@@ -397,7 +429,7 @@ class RadixMachine(RuleBasedStateMachine):
             self.cache.dec_lock_ref(m.last_node)
             return
         if len(m.indices):
-            self.cache.record_hit(m.last_node)
+            self._hit(key, len(m.indices))
         self.live.append(Live(list(key), torch.cat([m.indices[:cached], new]), m.last_node, len(m.indices), cached))
 
     @precondition(lambda self: self.live)
@@ -413,11 +445,8 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 63))
     def cache_unfinished(self, i: int) -> None:
         r = self._pick(i)
-        expect = longest(self.ref, r.key)
-        present = self.cache.insert(r.key, r.slots)
-        assert present == expect >= r.locked_len
+        present = self._insert(r)
         self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
-        self._adopt(r.key, r.slots, present)
         m = self._check_match(r.key)
         assert len(m.indices) == len(r.key)
         self.cache.inc_lock_ref(m.last_node)
@@ -431,11 +460,8 @@ class RadixMachine(RuleBasedStateMachine):
     def finish(self, i: int) -> None:
         r = self._pick(i)
         self.live.remove(r)
-        expect = longest(self.ref, r.key)
-        present = self.cache.insert(r.key, r.slots)
-        assert present == expect >= r.locked_len
+        present = self._insert(r)
         self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
-        self._adopt(r.key, r.slots, present)
         self.cache.dec_lock_ref(r.node)
         r.slots.fill_(0)  # the request's row is reused: the tree must hold its own copy
 
@@ -469,14 +495,7 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(key=keys)
     def hit(self, key: list[int]) -> None:
-        m = self._check_match(key)
-        path = []
-        node = m.last_node
-        while node is not self.cache.root:
-            path.append((node, node.hit_count))
-            node = node.parent
-        self.cache.record_hit(m.last_node, "rid")
-        assert all(n.hit_count == c + 1 for n, c in path)
+        self._hit(key, len(self._check_match(key).indices))
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 63))
@@ -509,14 +528,51 @@ class RadixMachine(RuleBasedStateMachine):
     @invariant()
     def tree_matches_reference(self) -> None:
         assert tree_paths(self.cache) == self.ref
-        snap = snapshot(self.cache)
+        snap = self.cache.snapshot(max_key=BIG)
         assert snapshot_leaf_paths(snap) == maximal(self.ref)
         seen: set[int] = set()
         for e in snap:
-            assert e["parent"] is None or e["parent"] in seen
+            is_root = e["id"] == self.cache.root.id
+            assert (e["parent"] is None) == is_root and (is_root or e["parent"] in seen)  # parent first
             seen.add(e["id"])
-            assert e["lock_ref"] == (self.cache.nodes[e["id"]].lock_ref if e["parent"] is not None else 0)
+            node = self.cache.nodes[e["id"]]
+            assert e["lock_ref"] == (0 if is_root else node.lock_ref) and e["key"] == node.key
+            assert e["tokens"] == len(node) and e["hit_count"] == node.hit_count
         assert seen == set(self.cache.nodes)
+
+    @invariant()
+    def events_replay_to_the_tree(self) -> None:
+        """A view that only listens to the events (the tree widget) can rebuild the nodes and their locks."""
+        parent, locked = self.ev_parent, self.ev_locked
+        for kind, data in self.events.take():
+            if kind == "reset":
+                parent.clear()
+                parent[data["root"]] = None
+                locked.clear()
+            elif kind == "insert":
+                assert data["node"] not in parent and data["parent"] in parent
+                parent[data["node"]] = data["parent"]
+            elif kind == "split":
+                assert parent[data["node"]] == data["parent"] and data["upper"] not in parent
+                parent[data["upper"]], parent[data["node"]] = data["parent"], data["upper"]
+                if data["node"] in locked:
+                    locked.add(data["upper"])
+            elif kind == "lock":
+                assert not locked & set(data["nodes"])
+                locked.update(data["nodes"])
+            elif kind == "unlock":
+                assert set(data["nodes"]) <= locked
+                locked.difference_update(data["nodes"])
+            elif kind == "evict":
+                for i in data["nodes"]:
+                    assert i not in locked and i not in parent.values(), "evicted a locked or inner node"
+                    del parent[i]
+            elif kind == "hit":
+                assert all(i in parent for i in data["nodes"])
+            else:
+                raise AssertionError(f"unknown event {kind}")
+        assert parent == {n.id: n.parent.id if n.parent is not None else None for n in self.cache.nodes.values()}
+        assert locked == {n.id for n in self.cache.nodes.values() if n.lock_ref and n is not self.cache.root}
 
     @invariant()
     def locks_and_sizes(self) -> None:
@@ -541,4 +597,4 @@ class RadixMachine(RuleBasedStateMachine):
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(
-    max_examples=int(__import__("os").environ.get("MAXEX", 150)), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

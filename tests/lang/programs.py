@@ -137,3 +137,40 @@ def may_fail(s, i):
 def streamed(s):
     s += "Count from one to ten: one, two,"
     s += sgl.gen("rest", max_tokens=16, temperature=0)
+
+
+@sgl.function
+def typed_values(s):
+    s += "Tom is 31 years old and 1.8 meters tall.\nAge: " + sgl.gen_int("age", max_tokens=6)
+    s += "\nHeight: " + sgl.gen("height", dtype=float, max_tokens=8)
+    s += "\nName: " + sgl.gen_string("name", max_tokens=16)
+    s += "\nPhone: " + sgl.gen("phone", regex=r"[0-9]{3}-[0-9]{4}", max_tokens=12)
+
+
+def check_typed_values(state) -> None:
+    import re
+
+    assert isinstance(state["age"], int)
+    assert isinstance(state["height"], float)
+    assert isinstance(state["name"], str) and '"' not in state["name"]
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", state["phone"])
+
+
+PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                                  "age": {"type": "integer"},
+                                                  "city": {"enum": ["Paris", "Rome", "Oslo"]}},
+                 "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+@sgl.function
+def extract_json(s, text):
+    s += "Extract the person as JSON.\nText: " + text + "\nJSON: "
+    s += sgl.gen("person", json_schema=PERSON_SCHEMA, max_tokens=64)
+
+
+def check_extract_json(state) -> None:
+    import json
+
+    import jsonschema
+
+    jsonschema.validate(json.loads(state["person"]), PERSON_SCHEMA)

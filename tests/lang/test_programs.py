@@ -134,3 +134,28 @@ def test_async_apis_inside_a_running_loop(backend):
     state, chunks = asyncio.run(_async_run(backend))
     P.check_few_shot_qa(state)
     assert len(chunks) > 1
+
+
+def test_typed_gens_and_regex(backend):
+    if isinstance(backend, sgl.OpenAI):
+        pytest.skip("regex constraints are not part of the OpenAI API")
+    P.check_typed_values(P.typed_values.run(temperature=0, backend=backend))
+
+
+def test_json_schema_extraction(backend):
+    P.check_extract_json(P.extract_json.run(text="Ana, 34, lives in Rome.", backend=backend))
+
+
+def test_pydantic_schema_and_invalid_constraints_at_gen_line():
+    import pydantic
+
+    class Point(pydantic.BaseModel):
+        x: int
+        y: int
+
+    node = sgl.gen("p", json_schema=Point)
+    assert '"x"' in node.params.json_schema
+    with pytest.raises(ValueError, match="invalid regex"):
+        sgl.gen("x", regex="(unclosed")
+    with pytest.raises(ValueError, match="json_schema"):
+        sgl.gen("x", json_schema="{not json")
