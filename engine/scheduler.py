@@ -539,6 +539,9 @@ class Scheduler:
         req.text = self.decode(req.output_ids, req.sampling.skip_special_tokens)
         if self._check_stop_strings(req):
             return
+        if req.grammar.stop_is_forced():  # the forced text completed the grammar: no forward needed
+            self._finish(req, {"type": "stop", "matched": self.eos_ids[0]})
+            return
         self.extending.append(req)
 
     def _check_finish(self, req: Req, token: int) -> None:

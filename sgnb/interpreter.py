@@ -339,7 +339,7 @@ def _convert(value: str, dtype: type) -> Any:
 
 def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
     keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-            "decode_steps", "forced_tokens")
+            "decode_steps", "forced_tokens", "output_tokens")
     return {k: meta[k] for k in keys if k in meta}
 
 

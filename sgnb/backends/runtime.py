@@ -55,7 +55,13 @@ class Runtime(Backend):
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         out = self.engine.generate(**self._request(ctx, params))
         _raise_if_aborted(out["meta_info"])
-        return out["text"], out["meta_info"]
+        return out["text"], self._with_tokens(out["meta_info"], out["output_ids"])
+
+    def _with_tokens(self, meta: dict[str, Any], output_ids: list[int]) -> dict[str, Any]:
+        """Add the output tokens as (text, forced) pairs, for views that mark jump-forward spans."""
+        forced = meta.get("output_forced") or [False] * len(output_ids)
+        tt = self.engine.tokenizer.token_text
+        return {**meta, "output_tokens": [(tt(t), bool(f)) for t, f in zip(output_ids, forced)]}
 
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         for chunk in self.engine.generate(**self._request(ctx, params), stream=True):
