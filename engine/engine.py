@@ -29,7 +29,7 @@ from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import ModelRunner
-from sgnb.engine.radix_cache import RadixCache
+from sgnb.engine.radix_cache import RadixCache, common_prefix_len
 from sgnb.engine.request import Req
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scheduler import Scheduler
@@ -357,7 +357,7 @@ class Engine:
         if not prefix_ids:
             raise ValueError("select needs a non-empty prefix to score choices against")
         # choices may merge with the prefix's last token: score from the first token where any differs
-        start = min(_common_len(prefix_ids, f) for f in full)
+        start = min(common_prefix_len(prefix_ids, f) for f in full)
         start = max(1, min(start, min(len(f) for f in full) - 1))
         inputs, starts = [list(f) for f in full], [start] * len(full)
         if method == "unconditional_likelihood_normalized":
@@ -459,14 +459,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _stream_safe_len(text: str, stops: Sequence[str]) -> int:

@@ -18,7 +18,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -49,7 +49,7 @@ class MatchResult(NamedTuple):
     last_node: TreeNode  # deepest node of the match (the root when nothing matched)
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -93,7 +93,7 @@ class RadixCache:
                 child = node.children.get(key[i])
                 if child is None:
                     break
-                n = _common_len(child.key, key[i:])
+                n = common_prefix_len(child.key, key[i:])
                 if n < len(child.key):
                     child = self._split(child, n)
                 parts.append(child.value)
@@ -111,7 +111,7 @@ class RadixCache:
                 child = node.children.get(key[i])
                 if child is None:
                     break
-                n = _common_len(child.key, key[i:])
+                n = common_prefix_len(child.key, key[i:])
                 i += n
                 if n < len(child.key):
                     break
@@ -147,7 +147,7 @@ class RadixCache:
                     self.evictable_size += len(leaf)
                     self.emit("insert", {"node": leaf.id, "parent": node.id, "tokens": len(leaf)})
                     return i
-                n = _common_len(child.key, key[i:])
+                n = common_prefix_len(child.key, key[i:])
                 if n < len(child.key):
                     child = self._split(child, n)
                 child.last_access = now

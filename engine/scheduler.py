@@ -338,17 +338,9 @@ class Scheduler:
             req_to_token=self.req_pool.req_to_token,
             kv_pool=self.kv_pool,
         )
-        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
-        t0 = time.perf_counter()
-        try:
-            hidden = self.runner.forward(fb)
-        except Exception as e:
-            for r in reqs:
-                self._fail(r, e)
-            if self.chunked in reqs:
-                self.chunked = None
+        hidden = self._forward(fb, reqs)
+        if hidden is None:
             return
-        self.counters.forward_seconds += time.perf_counter() - t0
         self.counters.prefill_batches += 1
         self.counters.prefill_tokens += fb.num_tokens
         self.counters.recent.append((time.perf_counter(), 0, fb.num_tokens))
@@ -380,6 +372,21 @@ class Scheduler:
             self._sample_and_advance(to_sample, hidden[rows])
             extending = {id(r) for r in self.extending}
             self.running.extend(r for r in to_sample if not r.finished and id(r) not in extending)
+
+    def _forward(self, fb: ForwardBatch, reqs: list[Req]) -> torch.Tensor | None:
+        """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
+        only: their new slots are already in their rows, so count them in before releasing."""
+        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
+        t0 = time.perf_counter()
+        try:
+            hidden = self.runner.forward(fb)
+        except Exception as e:
+            for r, ext in zip(list(reqs), fb.extend_lens):
+                r.kv_len += ext
+                self._fail(r, e)
+            return None
+        self.counters.forward_seconds += time.perf_counter() - t0
+        return hidden
 
     def _input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
         """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows (positions start..)."""
@@ -424,16 +431,9 @@ class Scheduler:
             req_to_token=self.req_pool.req_to_token,
             kv_pool=self.kv_pool,
         )
-        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
-        t0 = time.perf_counter()
-        try:
-            hidden = self.runner.forward(fb)
-        except Exception as e:
-            for r in list(reqs):
-                r.kv_len += 1  # the slot is in its row: release it with the rest
-                self._fail(r, e)
+        hidden = self._forward(fb, reqs)
+        if hidden is None:
             return
-        self.counters.forward_seconds += time.perf_counter() - t0
         self.counters.decode_steps += 1
         for r in reqs:
             r.kv_len += 1

@@ -377,3 +377,28 @@ def test_choice_scoring_matches_hf(engine, hf_logprobs, method):
         means = [sum(lp for lp, _, _ in row) / len(row) for row in res["input_token_logprobs"]]
         assert res["normalized_prompt_logprobs"] == pytest.approx(means)
         assert res["index"] == max(range(3), key=lambda i: means[i])
+
+
+def test_failed_forward_fails_its_batch_and_frees_its_kv(engine, monkeypatch):
+    """A model error (e.g. a bad kernel launch) fails the requests of that batch; their freshly allocated KV
+    slots are released and the engine serves the next request."""
+    runner = engine.runner
+    original = runner.forward
+    calls = {"n": 0}
+
+    def flaky(fb):
+        calls["n"] += 1
+        if calls["n"] in (1, 3):  # the first prefill, then a decode step of the second request
+            raise RuntimeError("injected forward failure")
+        return original(fb)
+
+    monkeypatch.setattr(runner, "forward", flaky)
+    engine.flush_cache()
+    out = engine.generate(PROMPT, {"max_new_tokens": 4, "ignore_eos": True})
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and "injected" in out["meta_info"]["error"]
+    out = engine.generate(PROMPT + " again", {"max_new_tokens": 4, "ignore_eos": True})
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    _assert_pool_consistent(engine)
+    monkeypatch.undo()
+    assert engine.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
+    _assert_pool_consistent(engine)
