@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m sgnb.demo
+	# the quickstart notebook, headless: build/quickstart.html (`python -m sgnb.demo --text`: the text demo)
+	$(BIN)/python -m sgnb.demo --notebook notebooks/quickstart.ipynb -o build/quickstart.html
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -36,6 +37,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_shared_prefix.py
+	$(BIN)/python benchmarks/bench_interpreter.py
+	$(BIN)/python benchmarks/bench_json.py
 
 clean-venv:
 	rm -rf $(VENV)
