@@ -215,7 +215,8 @@ def test_chat_completions(client, engine):
     ({"txt": PROMPT}, None, "unknown field 'txt'"),
     ({"text": ""}, None, "empty"),
     ({"input_ids": [1] * 9000}, None, "at most"),
-    ({"text": PROMPT, "sampling_params": {"regex": "[a-z]+"}}, None, "not supported yet"),
+    ({"text": PROMPT, "sampling_params": {"regex": "(unclosed"}}, None, "invalid regex"),
+    ({"text": PROMPT, "sampling_params": {"json_schema": "[1]"}}, None, "JSON object"),
 ])
 def test_bad_native_requests_are_400(server, body, raw, needle):
     status, out = _post(server, "/generate", body, raw)
@@ -232,9 +233,9 @@ def test_bad_openai_requests_are_400_and_server_keeps_serving(server, client):
             client.completions.create(**{"model": "any", "prompt": PROMPT, "max_tokens": 2, **kwargs})
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model="any", messages=[{"role": "wizard", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
+    with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}],
-                                       response_format={"type": "json_object"})
+                                       response_format={"type": "yaml"})
     status, out = _post(server, "/v1/nope", {})
     assert status == 404 and "Not Found" in out["error"]["message"]
     assert client.completions.create(model="any", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
@@ -348,3 +349,20 @@ def test_sgnb_serve_command():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_structured_output_over_http(server, client):
+    """Constraints travel through both APIs: SGLang's sampling_params.regex and OpenAI's response_format."""
+    import json
+    import re
+
+    status, out = _post(server, "/generate", {"text": "Year:", "sampling_params": {
+        "regex": "(19|20)[0-9]{2}", "max_new_tokens": 8, "temperature": 0}})
+    assert status == 200 and re.fullmatch("(19|20)[0-9]{2}", out["text"])
+    assert out["meta_info"]["decode_steps"] <= out["meta_info"]["completion_tokens"]
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    resp = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}], max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert isinstance(json.loads(resp.choices[0].message.content)["ok"], bool)
