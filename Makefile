@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile setup.py labextension/package.json labextension/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first (the CPU wheel on these machines), then pin it so nothing pulls a CUDA build

@@ -62,6 +62,27 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def load_ipython_extension(ip: Any) -> None:
+    """`%load_ext sgnb`: register the `%sgl` and `%%sgl` magics (see sgnb.kernel_ext)."""
+    from sgnb.kernel_ext import load_ipython_extension as load
+
+    load(ip)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    from sgnb.kernel_ext import unload_ipython_extension as unload
+
+    unload(ip)
+
+
+def load_notebook(path: str, name: str | None = None) -> Any:
+    """Import a notebook's definitions (`@function` programs, imports, constants) as a module without running
+    its programs; see sgnb.notebook.load_notebook for exactly which statements run."""
+    from sgnb.notebook import load_notebook as load
+
+    return load(path, name)
+
+
 def flush_cache(backend: Backend | None = None) -> bool:
     """Empty the backend's prefix cache."""
     b = backend or get_default_backend()
@@ -81,6 +102,7 @@ __all__ = [
     "Anthropic", "Backend", "BackendError", "Engine", "EngineConfig", "OpenAI", "ProgramError", "ProgramState",
     "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "SglFunction", "assistant",
     "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
-    "get_default_backend", "get_server_info", "image", "select", "separate_reasoning", "set_default_backend",
-    "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video", "__version__",
+    "get_default_backend", "get_server_info", "image", "load_notebook", "select", "separate_reasoning",
+    "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
+    "__version__",
 ]

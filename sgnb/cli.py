@@ -1,6 +1,8 @@
 """The `sgnb` command. Subcommands live in `COMMANDS`: name -> (help, add_arguments, run); add one there.
 
     sgnb serve --model smollm2 --port 30000 [--max-total-tokens N] [--schedule-policy lpm] [--disable-radix-cache]
+    sgnb run NB.ipynb [-p KEY=VALUE ...] [--backend URL] [-o out.ipynb|out.html] [--timeout S]
+    sgnb run NB.ipynb --function F --input in.jsonl [-o out.jsonl] [--backend URL | --model M ...] [--num-threads N]
 
 Every `EngineConfig` field is an option (`--max-total-tokens`, `--chunked-prefill-size`, ...), generated from the
 dataclass, so a new engine knob is a new flag with no edit here. Importing this module does not import torch.
@@ -84,8 +86,132 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- run ---------------------------------------------------------------------------------------------------
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("notebook", help="the notebook (.ipynb)")
+    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a variable: a cell assigning it is inserted after the cell tagged `parameters` "
+                             "(else first); VALUE is a Python literal if it reads as one, else a string")
+    parser.add_argument("--backend", metavar="SPEC",
+                        help="run against this backend: http(s)://HOST:PORT (sgnb serve, an SGLang server), "
+                             "openai:MODEL or anthropic:MODEL; the notebook's `%%sgl model` then keeps it")
+    parser.add_argument("-o", "--output", metavar="PATH",
+                        help="the executed notebook (.ipynb) or its HTML export with widget state (.html); "
+                             "with --function, the JSONL results (default: stdout)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="S",
+                        help="seconds a cell may run (default: 600; 0: no limit)")
+    parser.add_argument("--kernel", default="python3", help="kernel name (default: python3)")
+    data = parser.add_argument_group("dataset mode: one program over a JSONL file, with run_batch")
+    data.add_argument("--function", metavar="NAME", help="the notebook's @function to run (the notebook's "
+                                                         "definitions are imported: sgnb.load_notebook)")
+    data.add_argument("--input", metavar="JSONL", help="one JSON object of NAME's arguments per line (- : stdin)")
+    data.add_argument("--num-threads", type=int, default=None, metavar="N", help="programs at once (default: auto)")
+    data.add_argument(*_ALIASES["model_path"], dest="model_path", default="smollm2",
+                      help="without --backend: the in-process engine's model (default: smollm2)")
+    data.add_argument("--device", default=argparse.SUPPRESS, help="without --backend: cpu, cuda, ... (default: auto)")
+    data.add_argument("--dtype", default=argparse.SUPPRESS, help="without --backend: the engine's dtype")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sgnb.notebook import parse_parameter
+
+    if (args.function is None) != (args.input is None):
+        raise SystemExit("sgnb run: error: --function and --input go together")
+    try:
+        parameters = dict(parse_parameter(p) for p in args.parameter)
+    except ValueError as e:
+        raise SystemExit(f"sgnb run: error: {e}") from None
+    if args.function is not None:
+        if parameters:
+            raise SystemExit("sgnb run: error: -p sets notebook variables; it does not apply with --function")
+        return _run_dataset(args)
+    return _run_notebook(args, parameters)
+
+
+def _run_notebook(args: argparse.Namespace, parameters: dict[str, Any]) -> int:
+    import time
+    from pathlib import Path
+
+    import nbformat
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+    from sgnb.notebook import execute, inject_parameters, write_notebook
+
+    path = Path(args.notebook)
+    if args.output and Path(args.output).suffix.lower() not in (".ipynb", ".html", ".htm"):
+        raise SystemExit(f"sgnb run: error: -o takes a .ipynb or .html path, got {args.output!r}")
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sgnb run: error: cannot read {path}: {e}") from None
+    inject_parameters(nb, parameters)
+    t0 = time.perf_counter()
+    failure: BaseException | None = None
+    try:
+        execute(nb, path.resolve().parent, args.backend, args.timeout or None, args.kernel)
+    except (CellExecutionError, DeadKernelError, TimeoutError) as e:
+        failure = e
+    elapsed = time.perf_counter() - t0
+    if args.output:
+        out = write_notebook(nb, args.output)
+        print(f"sgnb run: wrote {out}", file=sys.stderr)
+    cells = sum(c.cell_type == "code" for c in nb.cells)
+    if failure is not None:
+        print(f"sgnb run: {path} failed after {elapsed:.1f} s:\n{failure}", file=sys.stderr)
+        return 1
+    print(f"sgnb run: {path}: {cells} code cells ran in {elapsed:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _run_dataset(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    import sgnb
+    from sgnb.function import SglFunction
+    from sgnb.notebook import backend_from_spec, load_notebook, read_jsonl, run_dataset
+
+    module = load_notebook(args.notebook)
+    fn = getattr(module, args.function, None)
+    if not isinstance(fn, SglFunction):
+        found = sorted(k for k, v in vars(module).items() if isinstance(v, SglFunction))
+        raise SystemExit(f"sgnb run: error: {args.notebook} defines no @function {args.function!r} "
+                         f"(it defines: {', '.join(found) or 'none'})")
+    try:
+        if args.input == "-":
+            rows = read_jsonl(sys.stdin)
+        else:
+            with open(args.input, encoding="utf-8") as f:
+                rows = read_jsonl(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sgnb run: error: {args.input}: {e}") from None
+    t0 = time.perf_counter()
+    try:
+        options = {k: v for k, v in vars(args).items() if k in ("model_path", "device", "dtype")}
+        backend = backend_from_spec(args.backend) if args.backend else sgnb.Runtime(**options)
+    except (TypeError, ValueError, sgnb.BackendError) as e:
+        raise SystemExit(f"sgnb run: error: {e}") from None
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    errors = 0
+    try:
+        for record in run_dataset(fn, rows, backend, num_threads=args.num_threads or "auto"):
+            errors += record["error"] is not None
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if not args.backend:
+            backend.shutdown()
+    where = f" -> {args.output}" if args.output else ""
+    print(f"sgnb run: {args.function} over {len(rows)} inputs in {time.perf_counter() - t0:.1f} s, "
+          f"{errors} failed{where}", file=sys.stderr)
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("serve a model over HTTP (SGLang native API + OpenAI-compatible API)", _serve_arguments, _serve),
+    "run": ("run a notebook headless (parameters, HTML export), or one of its programs over a JSONL dataset",
+            _run_arguments, _run),
 }
 
 

@@ -1,12 +1,19 @@
-"""`make demo`: a short LM workload on the default model, printing outputs and what the radix cache did.
+"""`make demo`: run the quickstart notebook headless and say where to look at it.
 
-Few-shot questions that share one long prefix run as a batch (the prefix is computed once and reused), then a
-chat turn through the model's template, then a `select`-style choice scoring.
+    python -m sgnb.demo                 # notebooks/quickstart.ipynb -> build/quickstart.html (from a checkout)
+    python -m sgnb.demo --text          # the text demo: a short workload straight on the engine
+
+The text demo: few-shot questions that share one long prefix run as a batch (the prefix is computed once and
+reused), then a chat turn through the model's template, then a `select`-style choice scoring.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 import time
+from pathlib import Path
 
 FEW_SHOT = """Answer each question with one word.
 Q: What color is the sky on a clear day? A: Blue
@@ -19,7 +26,7 @@ QUESTIONS = ["What color is grass?", "What is the capital of France?", "How many
              "What do cows drink?", "Which planet do we live on?", "What is the opposite of up?"]
 
 
-def main() -> None:
+def text_demo() -> None:
     from sgnb.engine import Engine
 
     t0 = time.perf_counter()
@@ -53,5 +60,35 @@ def main() -> None:
     engine.shutdown()
 
 
+def notebook_demo(notebook: Path, html: Path) -> int:
+    from sgnb.cli import main as cli
+
+    if not notebook.exists():
+        print(f"sgnb demo: {notebook} not found (the notebooks live in a source checkout); try --text",
+              file=sys.stderr)
+        return 1
+    code = cli(["run", str(notebook), "-o", str(html)])
+    if code == 0:
+        python = os.path.relpath(sys.executable)
+        jupyter = os.path.relpath(Path(sys.executable).parent / "jupyter")
+        print(f"\nThe executed notebook, outputs and widgets included: {html}\n"
+              f"  open it in a browser: {html.resolve().as_uri()}\n"
+              f"Run it live in JupyterLab: {jupyter} lab {notebook}\n"
+              f"More notebooks in {notebook.parent}/; the text demo: {python} -m sgnb.demo --text")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sgnb.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--text", action="store_true", help="the text demo on the engine, no notebook")
+    parser.add_argument("--notebook", type=Path, default=Path("notebooks/quickstart.ipynb"))
+    parser.add_argument("-o", "--output", type=Path, default=Path("build/quickstart.html"))
+    args = parser.parse_args(argv)
+    if args.text:
+        text_demo()
+        return 0
+    return notebook_demo(args.notebook, args.output)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

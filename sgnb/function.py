@@ -161,18 +161,35 @@ class SglFunction:
 
             bar = tqdm(total=len(all_args), desc=self.__name__)
 
-        def one(arguments: dict[str, Any]) -> ProgramState:
+        cancelled = threading.Event()
+        live: list[ProgramState] = []
+
+        def one(arguments: dict[str, Any]) -> ProgramState | None:
+            if cancelled.is_set():
+                return None
             state = self._run(backend, arguments, defaults, False, True, list(subscribers or []))
+            live.append(state)
+            if cancelled.is_set():
+                state.abort()
             state.error()  # wait for it to finish (errors stay in the state)
             if bar is not None:
                 bar.update(1)
             return state
 
-        with ThreadPoolExecutor(int(num_threads)) as pool:
+        pool = ThreadPoolExecutor(int(num_threads))
+        try:
             states = list(pool.map(one, all_args))
-        if bar is not None:
-            bar.close()
-        return states
+        except BaseException:  # KeyboardInterrupt: abort every program and its in-flight request
+            cancelled.set()
+            for state in list(live):
+                state.abort()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        pool.shutdown()
+        return states  # type: ignore[return-value]
 
     # ---- tracing -----------------------------------------------------------------------------------------
     def trace(self, backend: Backend | None = None, **kwargs: Any) -> TracedProgram:

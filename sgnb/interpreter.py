@@ -282,6 +282,11 @@ class StreamExecutor:
             raise
 
     def abort(self) -> None:
+        """Stop the program: nothing more runs, and the in-flight request (if any) is aborted."""
+        if self.error_ is None:
+            self.error_ = ProgramError("the program was aborted")
+        for ev in list(self.var_events.values()):
+            ev.set()
         if self.current_rid is not None:
             self.backend.abort(self.current_rid)
 

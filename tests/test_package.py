@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -43,7 +44,14 @@ def test_wheel_ships_only_sgnb(tmp_path):
     wheel = next(tmp_path.glob("sgnb-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops <= {"sgnb", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    dist = "-".join(wheel.name.split("-")[:2])
+    assert tops <= {"sgnb", f"{dist}.dist-info", f"{dist}.data"}, tops
+    # the prebuilt JupyterLab extension, as data files: installed in sys.prefix/share/jupyter/labextensions
+    labext = f"{dist}.data/data/share/jupyter/labextensions/sgnb/"
+    assert all(n.startswith(labext) for n in names if n.startswith(f"{dist}.data/")), names
+    meta = json.loads(zipfile.ZipFile(wheel).read(labext + "package.json"))
+    assert meta["name"] == "sgnb" and meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+    assert labext + meta["jupyterlab"]["_build"]["load"] in names
     assert "sgnb/engine/models/configs/tiny.json" in names
     assert "sgnb/kernels/attention.py" in names
     assert "sgnb/backends/runtime.py" in names

@@ -66,8 +66,9 @@ class Runtime(Backend):
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         for chunk in self.engine.generate(**self._request(ctx, params), stream=True):
             meta = chunk["meta_info"]
-            if "finish_reason" in meta:
+            if "finish_reason" in meta:  # the last chunk: complete meta_info and the output ids
                 _raise_if_aborted(meta)
+                meta = self._with_tokens(meta, chunk["output_ids"])
             yield chunk["text"], meta
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,

@@ -159,3 +159,31 @@ def test_pydantic_schema_and_invalid_constraints_at_gen_line():
         sgl.gen("x", regex="(unclosed")
     with pytest.raises(ValueError, match="json_schema"):
         sgl.gen("x", json_schema="{not json")
+
+
+def test_interrupting_run_batch_aborts_every_program(engine):
+    """Ctrl-C in a plain cell running run_batch: every program stops, no request keeps a cache lock."""
+    import os
+    import signal
+    import threading
+    import time
+
+    backend = sgl.Runtime(engine=engine)
+
+    @sgl.function
+    def long_story(s, i):
+        s += f"Story {i}:" + sgl.gen("a", max_tokens=400, ignore_eos=True, temperature=0.7)
+        s += "\nNext:" + sgl.gen("b", max_tokens=400, ignore_eos=True)
+
+    # a real SIGINT, like a kernel interrupt (it also wakes the main thread's blocked wait)
+    timer = threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        long_story.run_batch([{"i": i} for i in range(6)], backend=backend, num_threads=3)
+    assert time.time() - t0 < 60
+    deadline = time.time() + 20
+    while (engine.scheduler.busy or engine.tree.protected_size) and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.get_stats()["running"] == 0 and engine.tree.protected_size == 0
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2

@@ -1,0 +1,107 @@
+"""What the magics show: the live widgets of `sgnb.widgets` in a notebook, plain text anywhere else.
+
+The widgets are imported lazily and only when the shell is a kernel with a frontend; if `sgnb.widgets` (or
+one of its names) is missing, or the shell is a terminal or a test shell, a text rendering stands in.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+from typing import Any
+
+from IPython.display import display
+
+
+def in_notebook(shell: Any) -> bool:
+    return getattr(shell, "kernel", None) is not None
+
+
+def widget_class(name: str) -> Any:
+    """`sgnb.widgets.<name>`, or None when the widgets package (or that name) is not there."""
+    try:
+        return getattr(importlib.import_module("sgnb.widgets"), name, None)
+    except ImportError:
+        return None
+
+
+def live_view(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Display and return a live `sgnb.widgets.<name>(*args, **kwargs)`, or return None (caller falls back)."""
+    cls = widget_class(name)
+    if cls is None:
+        return None
+    view = cls(*args, **kwargs)
+    display(view)
+    return view
+
+
+class Text:
+    """Plain text for a notebook output (preformatted in HTML)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text, "text/html": f"<pre>{html.escape(self.text)}</pre>"}
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def transcript(state: Any, max_chars: int = 4000) -> Text:
+    """A finished program as text: what it wrote (the end of it, if long) and its variables."""
+    exe = state.executor
+    text = exe.text_ if len(exe.text_) <= max_chars else "..." + exe.text_[-max_chars:]
+    lines = [text.rstrip("\n")]
+    if exe.variables:
+        lines.append("")
+        lines += [f"{k} = {_short(v)}" for k, v in exe.variables.items()]
+    return Text("\n".join(lines))
+
+
+def variables_summary(state: Any) -> Text:
+    exe = state.executor
+    return Text("\n".join(f"{k} = {_short(v)}" for k, v in exe.variables.items()))
+
+
+def tree_text(engine: Any, max_nodes: int = 60) -> Text:
+    """The radix tree as an indented outline: tokens, locks, hits and the start of each node's text."""
+    snap = engine.tree_snapshot(max_key_tokens=16)
+    nodes = snap["nodes"]
+    children: dict[Any, list[dict]] = {}
+    for n in nodes:
+        children.setdefault(n["parent"], []).append(n)
+    lines = [f"radix tree: {len(nodes) - 1} nodes, {snap['total_tokens']} tokens "
+             f"({snap['evictable_tokens']} evictable, {snap['protected_tokens']} locked)"]
+
+    def walk(node: dict, depth: int) -> None:
+        if len(lines) > max_nodes:
+            return
+        if node["parent"] is not None:
+            lock = f", locked x{node['lock_ref']}" if node["lock_ref"] else ""
+            lines.append(f"{'  ' * depth}- [{node['tokens']} tok, {node['hit_count']} hits{lock}] "
+                         f"{node.get('text', '')!r}")
+        for child in children.get(node["id"], []):
+            walk(child, depth + (node["parent"] is not None))
+
+    for root in children.get(None, []):
+        walk(root, 0)
+    if len(lines) > max_nodes:
+        lines.append("  ...")
+    return Text("\n".join(lines))
+
+
+def stats_text(engine: Any) -> Text:
+    s = engine.get_stats()
+    return Text(
+        f"{s['model']} on {s['device']}: {s['running']} running, {s['waiting']} waiting, "
+        f"{s['requests_finished']} finished, {s['requests_aborted']} aborted\n"
+        f"cache hit rate {s['cache_hit_rate']:.1%} ({s['cached_tokens']} of {s['prompt_tokens']} prompt tokens); "
+        f"{s['prefill_tokens']} prefilled, {s['generated_tokens']} generated in {s['decode_steps']} decode steps\n"
+        f"KV pool {s['kv_total']} tokens: {s['kv_free']} free, {s['kv_cached']} cached "
+        f"({s['kv_evictable']} evictable, {s['kv_protected']} locked)")
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit] + "..."

@@ -1,0 +1,427 @@
+"""The JupyterLab extension: the kernel half of the LM engine panel in-process, the same call through a real
+kernel's subshell while a cell runs, and the built extension in JupyterLab in a real browser (Debian chromium,
+driven by Playwright)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sgnb.kernel_ext import panel
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def default_engine(engine):
+    """The session engine as the default backend, with an empty tree; the previous default is put back."""
+    import sgnb
+
+    before = sgnb.get_default_backend()
+    sgnb.set_default_backend(sgnb.Runtime(engine=engine))
+    engine.flush_cache()
+    panel._Memory._per_engine.pop(engine, None)  # no fading rows left from another test
+    yield engine
+    sgnb.set_default_backend(before)
+
+
+def _params(n: int = 4) -> dict:
+    return {"max_new_tokens": n, "temperature": 0}
+
+
+# ---- the kernel half, in-process ---------------------------------------------------------------------------
+def test_snapshot_without_an_in_process_engine():
+    import sgnb
+
+    before = sgnb.get_default_backend()
+    try:
+        sgnb.set_default_backend(None)
+        snap = json.loads(panel.snapshot_json())
+        assert snap.pop("seconds") >= 0 and snap == {"engine": None, "backend": None}
+
+        class Remote:  # a backend that runs elsewhere has no .engine
+            pass
+
+        sgnb.set_default_backend(Remote())  # type: ignore[arg-type]
+        assert json.loads(panel.snapshot_json())["backend"] == "Remote"
+    finally:
+        sgnb.set_default_backend(before)
+
+
+def test_snapshot_json_follows_the_engine(default_engine, monkeypatch):
+    monkeypatch.setattr(panel, "HIGHLIGHT_S", 60.0)  # "new" / "hit" however slow the machine is today
+    eng = default_engine
+    empty = json.loads(panel.snapshot_json())
+    assert empty["engine"]["model"] == eng.model_name and empty["engine"]["alive"] is True
+    assert [r["parent"] for r in empty["tree"]["nodes"]] == [None]  # the root alone
+
+    eng.generate([f"The capital of {c} is" for c in ("France", "Italy", "Spain")], _params())
+    text = panel.snapshot_json()
+    assert isinstance(text, str) and repr(text) == text  # so a user_expressions reply carries it verbatim
+    snap = json.loads(text)
+    rows = snap["tree"]["nodes"]
+    live = eng.tree_snapshot()["nodes"]
+    assert {r["id"] for r in rows} == {n["id"] for n in live}  # small tree: every node, no groups
+    assert snap["tree"]["summary"]["nodes"] == len(live)
+    assert snap["tree"]["summary"]["tokens"] == eng.tree.total_size
+    seen = set()
+    for r in rows:  # parents first, in radix_tree_draw.js's row format
+        assert r["parent"] is None or r["parent"] in seen
+        seen.add(r["id"])
+        assert {"id", "parent", "text", "tokens", "hits", "locked", "state", "kids"} <= r.keys()
+    by_id = {r["id"]: r for r in rows}
+    shared = [r for r in rows if r["parent"] is not None and r["kids"] == 3]
+    assert len(shared) == 1 and shared[0]["text"].startswith("The capital of")
+    assert all(by_id[r["id"]]["state"] == "new" for r in rows if r["parent"] is not None)  # just inserted
+    eng.generate("The capital of France is", _params())
+    again = {r["id"]: r for r in json.loads(panel.snapshot_json())["tree"]["nodes"]}
+    assert again[shared[0]["id"]]["hits"] >= 1 and again[shared[0]["id"]]["state"] in ("hit", "new")
+    assert snap["stats"]["requests_finished"] == eng.get_stats()["requests_finished"] - 1
+    assert set(snap["history"]) >= {"hit_rate", "gen_tokens_per_s", "kv_used_frac", "waiting", "running"}
+
+    selected = shared[0]["id"]
+    details = json.loads(panel.snapshot_json(selected=selected))["tree"]["details"]
+    assert details["id"] == selected and details["text"].startswith("The capital of")
+    assert details["depth_tokens"] == details["tokens"]  # a child of the root
+
+
+def test_flush_shows_the_gone_nodes_as_evicted_then_drops_them(default_engine, monkeypatch):
+    eng = default_engine
+    eng.generate(["Once upon a time", "Once upon a hill"], _params(2))
+    before = json.loads(panel.snapshot_json())["tree"]["nodes"]
+    eng.flush_cache()
+    after = json.loads(panel.snapshot_json())["tree"]
+    evicted = [r for r in after["nodes"] if r["state"] == "evicted"]
+    assert {r["id"] for r in evicted} == {r["id"] for r in before if r["parent"] is not None}
+    assert after["summary"]["nodes"] == 1 and after["summary"]["evicting"] == len(evicted)
+    monkeypatch.setattr(panel, "FADE_S", 0.0)
+    assert [r["state"] for r in json.loads(panel.snapshot_json())["tree"]["nodes"]] == [""]
+
+
+def test_a_big_tree_is_capped_with_groups_and_folds(default_engine):
+    eng = default_engine
+    eng.generate([f"Item {i}: the {w} is" for i in range(4) for w in ("cat", "dog", "sky", "sea", "sun")],
+                 _params(2))
+    full = json.loads(panel.snapshot_json())["tree"]
+    n = full["summary"]["nodes"]
+    assert n >= 20
+    for cap in (2, 5, 9, 16):
+        tree = json.loads(panel.snapshot_json(max_nodes=cap))["tree"]
+        rows = tree["nodes"]
+        assert len(rows) <= cap
+        ids = set()
+        for r in rows:
+            assert r["parent"] is None or r["parent"] in ids
+            ids.add(r["id"])
+        shown = [r for r in rows if not r.get("group")]
+        groups = [r for r in rows if r.get("group")]
+        assert len(shown) + sum(g["count"] for g in groups) == n  # every node drawn or counted in a group
+        assert sum(r["tokens"] for r in rows) == eng.tree.total_size
+        assert tree["summary"]["groups"] == len(groups) and tree["summary"]["shown"] == len(shown)
+    # folding a node hides its subtree; expanding a group shows its children first
+    top = next(r for r in full["nodes"] if r["parent"] is not None and r["kids"])
+    folded = json.loads(panel.snapshot_json(collapsed=[top["id"]]))["tree"]["nodes"]
+    row = next(r for r in folded if r["id"] == top["id"])
+    assert row["collapsed"] and row["hidden"] >= top["kids"]
+    assert not any(r["parent"] == top["id"] for r in folded)
+
+
+def _node(i: int, parent: int | None, t: float = 0.0) -> dict:
+    return {"id": i, "parent": parent, "tokens": 1, "lock_ref": 0, "hit_count": 0, "last_access": t,
+            "created": t, "key": [i]}
+
+
+def test_layout_shows_the_children_of_an_expanded_group_first():
+    # root 0 -> 1 -> (11 -> 111, 12 -> 121, 13 -> 131); root 0 -> 2, 3 (leaves): 1's children are bigger
+    nodes = [_node(0, None), _node(1, 0), _node(2, 0), _node(3, 0),
+             *[n for c in (11, 12, 13) for n in (_node(c, 1), _node(c * 10 + 1, c))]]
+    order = [0, 1, 11, 111, 12, 121, 13, 131, 2, 3]
+    nodes.sort(key=lambda n: order.index(n["id"]))
+    rows, _ = panel.layout(nodes, 6)
+    assert [r["id"] for r in rows if not r.get("group")][:3] == [0, 1, 11]
+    assert {r["id"]: r["count"] for r in rows if r.get("group")}["g0"] == 2  # 2 and 3 folded into "+2 nodes"
+    rows, _ = panel.layout(nodes, 6, expanded={0})
+    shown = [r["id"] for r in rows if not r.get("group")]
+    assert 2 in shown and 3 in shown and "g0" not in {r["id"] for r in rows}
+
+
+def test_layout_colours_follow_the_trees_own_clock():
+    # the latest activity is at t=100: within HIGHLIGHT_S of it, created = "new", matched again = "hit"
+    nodes = [_node(0, None, 100.0), _node(1, 0, 50.0), _node(2, 1, 50.0), _node(3, 1, 99.5)]
+    nodes[1]["last_access"], nodes[1]["hit_count"] = 99.5, 2  # an old node hit just now
+    nodes[2]["hit_count"] = 1  # hit long ago
+    rows, summary = panel.layout(nodes, 10)
+    assert {r["id"]: r["state"] for r in rows} == {0: "", 1: "hit", 2: "", 3: "new"}
+    assert (summary["new"], summary["hit"]) == (1, 1)
+
+
+# ---- the same call from the panel's side of a real kernel -------------------------------------------------
+@pytest.mark.slow
+def test_kernel_answers_on_a_subshell_while_a_cell_runs(tmp_path):
+    """What the panel sends: a silent execute request with user_expressions, on a subshell of its own; it is
+    answered while the main shell is still running a long cell."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        info = kc.kernel_info(reply=True, timeout=60)["content"]
+        if "kernel subshells" not in info.get("supported_features", []):
+            pytest.skip(f"this ipykernel ({info.get('implementation_version')}) has no subshells")
+        setup = kc.execute_interactive(
+            "import sgnb\nsgnb.set_default_backend(sgnb.Runtime('smollm2'))", timeout=120)
+        assert setup["content"]["status"] == "ok", setup["content"]
+
+        control = kc.session.msg("create_subshell_request", {})
+        kc.control_channel.send(control)
+        reply = kc.get_control_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == control["header"]["msg_id"]
+        subshell = reply["content"]["subshell_id"]
+
+        long_cell = kc.execute("import time\nfor _ in range(8):\n"
+                               "    sgnb.get_default_backend().engine.generate('Tell me a story', "
+                               "{'max_new_tokens': 4, 'temperature': 0})\n    time.sleep(0.5)\n")
+        time.sleep(1.0)  # the cell is running now
+        probe = kc.session.msg("execute_request", {
+            "code": "", "silent": True, "store_history": False, "allow_stdin": False, "stop_on_error": False,
+            "user_expressions": {"sgnb": "__import__('sgnb.kernel_ext.panel', fromlist=['snapshot_json'])"
+                                         ".snapshot_json()"}})
+        probe["header"]["subshell_id"] = subshell
+        kc.shell_channel.send(probe)
+        order = []
+        replies = {}
+        deadline = time.time() + 120
+        while len(order) < 2 and time.time() < deadline:
+            msg = kc.get_shell_msg(timeout=60)
+            parent = msg["parent_header"].get("msg_id")
+            if parent in (long_cell, probe["header"]["msg_id"]):
+                order.append(parent)
+                replies[parent] = msg["content"]
+        assert order == [probe["header"]["msg_id"], long_cell], "the probe waited for the running cell"
+        result = replies[probe["header"]["msg_id"]]["user_expressions"]["sgnb"]
+        assert result["status"] == "ok", result
+        snap = json.loads(result["data"]["text/plain"])
+        assert snap["engine"]["model"] and snap["tree"]["summary"]["nodes"] >= 2
+        assert replies[long_cell]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+# ---- the built extension in JupyterLab, in a real browser --------------------------------------------------
+GEN_CELLS = 5
+
+NOTEBOOK_CELLS = [
+    "import time\nimport sgnb as sgl\n\nsgl.set_default_backend(sgl.Runtime(\"smollm2\"))\n\n"
+    "@sgl.function\ndef fact(s, topic):\n    s += sgl.user(f\"One short fact about {topic}.\")\n"
+    "    s += sgl.assistant(sgl.gen(\"fact\", max_tokens=6, temperature=0))",
+    *[f"state = fact.run(topic={topic!r})\ntime.sleep(1.2)  # time for the panel to show this step\n"
+      f"print('gen cell {i} done:', state['fact'])"
+      for i, topic in enumerate(["apples", "rivers", "the moon", "owls", "glass"][:GEN_CELLS])],
+    "%load_ext sgnb",
+    "%%sgl --temperature 0 --max-tokens 6 --no-widget\ns += user(\"Name a colour in one word.\")\n"
+    "s += assistant(gen(\"colour\", stop=\"\\n\"))\nif \"colour\" in s:\n    print(\"sgl cell done\")",
+]
+
+
+def _ensure_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    if shutil.which("apt-get") is None:
+        pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True, timeout=300)
+    subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, env=env, capture_output=True,
+                   timeout=600)
+
+
+def _built_extension() -> Path:
+    """labextension/build, rebuilt by the same setup.py step the wheel uses when a source is newer."""
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_labextension"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = ROOT / "labextension" / "build"
+    assert (out / "package.json").exists()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_notebook(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server on a free port whose extension path puts this checkout's build first."""
+    _ensure_chromium()
+    build = _built_extension()
+    ext_dir = tmp_path / "labextensions"
+    ext_dir.mkdir()
+    (ext_dir / "sgnb").symlink_to(build, target_is_directory=True)
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_notebook(root / "panel.ipynb")
+    # no "fetch Jupyter news?" toast, and the command palette in the left area: the modal one closes whenever
+    # something else takes the focus, as the notebook does while its kernel starts
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "palette.jupyterlab-settings").write_text(json.dumps({"modal": False}))
+    port = _free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.root_dir={root}", f"--LabApp.extra_labextensions_path={ext_dir}",
+         "--LabApp.expose_app_in_browser=True"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.time() < deadline, "jupyter lab did not start in 60 s"
+            time.sleep(0.3)
+        with urllib.request.urlopen(f"{url}/lab/api/extensions", timeout=10) as r:
+            names = {e["name"]: e for e in json.load(r)}
+        assert "sgnb" in names, sorted(names)
+        yield url, tmp_path
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+# records what the panel shows each time its DOM changes, with the notebook's progress at that moment
+RECORDER = """
+() => {
+  window.__sgnbRecord = [];
+  const sample = () => {
+    const panel = document.querySelector('#sgnb-engine-panel');
+    if (!panel) return;
+    const drawn = panel.querySelectorAll('g.sgnb-rt-node:not(.root):not(.group)').length;
+    const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+      .map(p => p.textContent.trim());
+    const rec = window.__sgnbRecord;
+    const last = rec[rec.length - 1];
+    const entry = { t: performance.now(), nodes: Number(panel.dataset.nodes || 0), drawn,
+                    status: panel.dataset.status || '', pending: prompts.filter(p => p.includes('*')).length,
+                    done: prompts.filter(p => /\\[\\d+\\]/.test(p)).length };
+    if (!last || last.nodes !== entry.nodes || last.drawn !== entry.drawn || last.status !== entry.status
+        || last.pending !== entry.pending) rec.push(entry);
+  };
+  new MutationObserver(sample).observe(document.body, { subtree: true, childList: true, attributes: true,
+                                                        characterData: true });
+  sample();
+}
+"""
+
+
+def _run_from_palette(page, label: str) -> None:
+    """Run a command by its label from the command palette (in the left area: see `jupyter_lab`)."""
+    page.evaluate("window.jupyterapp.commands.execute('apputils:activate-command-palette')")
+    search = page.locator("#command-palette .lm-CommandPalette-input")
+    search.fill(label)
+    page.locator(f"#command-palette .lm-CommandPalette-item:has-text({label!r})").first.click()
+
+
+@pytest.mark.slow
+def test_panel_shows_the_tree_growing_while_cells_run(jupyter_lab):
+    from playwright.sync_api import sync_playwright
+
+    url, tmp_path = jupyter_lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/lab/tree/panel.ipynb?reset")
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+
+            page.wait_for_function("window.jupyterapp?.commands.hasCommand('sgnb:show-engine-panel')")
+            page.evaluate("window.jupyterapp.restored")
+            _run_from_palette(page, "sgnb: Show LM engine panel")
+            panel = page.locator("#sgnb-engine-panel")
+            panel.wait_for(state="visible", timeout=10_000)
+            # the kernel answers before any engine exists: sgnb is importable there, no engine yet
+            page.wait_for_selector("#sgnb-engine-panel[data-status='no-engine']", timeout=30_000)
+            page.evaluate(RECORDER)
+
+            page.locator(".jp-Notebook").first.click()
+            page.click("li.lm-MenuBar-item:has-text('Run')")
+            page.click(".lm-Menu-item:has-text('Run All Cells')")
+            page.wait_for_selector("#sgnb-engine-panel[data-status='live']", timeout=90_000)
+            page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 2",
+                                   timeout=90_000)
+            page.screenshot(path=str(ARTIFACTS / "labextension-panel-running.png"))
+            page.wait_for_selector(f".jp-OutputArea-output:has-text('gen cell {GEN_CELLS - 1} done')",
+                                   timeout=120_000)
+            page.wait_for_timeout(1500)  # the last poll after the last cell
+            page.screenshot(path=str(ARTIFACTS / "labextension-panel-final.png"))
+            record = page.evaluate("window.__sgnbRecord")
+
+            # intermediate states: the drawn tree grew step by step while later cells were still queued
+            running = [r for r in record if r["status"] == "live" and r["pending"] > 0]
+            counts = sorted({r["drawn"] for r in running if r["drawn"] > 0})
+            assert len(counts) >= 3, record
+            grown = [r["drawn"] for r in record if r["status"] == "live"]
+            assert grown == sorted(grown), "the tree shrank without evictions"
+            final = record[-1]
+            assert final["drawn"] >= GEN_CELLS and final["nodes"] >= final["drawn"], record
+            assert panel.locator(".sgnb-st-tile").count() >= 3  # the stats drawing too
+
+            # %%sgl: the magic line is one marked span, the body has Python token classes
+            editor = page.locator(".cm-editor.sgnb-sgl-cell")
+            editor.scroll_into_view_if_needed()
+            assert editor.count() == 1
+            assert editor.locator(".sgnb-cell-magic").first.inner_text().startswith("%%sgl --temperature 0")
+            keywords = editor.locator(".tok-keyword").all_inner_texts()
+            assert "if" in keywords and "in" in keywords, keywords
+            assert editor.locator(".tok-string").count() >= 3
+            assert editor.locator(".tok-variableName:has-text('assistant')").count() == 1
+            # the plain Python cells get the same classes (the notebook's own language)
+            assert page.locator(".cm-editor:not(.sgnb-sgl-cell) .tok-keyword:has-text('def')").count() >= 1
+            page.screenshot(path=str(ARTIFACTS / "labextension-sgl-cell.png"))
+            assert not [e for e in errors if "sgnb" in e], errors
+        finally:
+            browser.close()

@@ -1,0 +1,439 @@
+"""sgnb.widgets, Python side: traits reflect real programs and the real engine's tree; updates are throttled;
+the engine's scheduler thread does nothing for a view but append to a deque."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+import pytest
+
+import sgnb as sgl
+from sgnb.widgets import EngineStats, ProgramView, RadixTreeView, esm_path
+from sgnb.widgets._engine_stats import _point
+from sgnb.widgets._esm import bundle
+
+PREFIX = "You are a helpful assistant. Answer each question in one short sentence, please.\n"
+
+
+@pytest.fixture(scope="module")
+def runtime(engine):
+    return sgl.Runtime(engine=engine)
+
+
+def wait_until(cond, timeout=20.0, step=0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def settle(view: ProgramView) -> None:
+    """Flush until every program the view knows has ended (the `end` event follows the last node)."""
+    assert wait_until(lambda: view.flush() or all(p["status"] != "running" for p in view.programs))
+
+
+def segs(program: dict, kind: str) -> list[dict]:
+    return [s for s in program["segments"] if s["k"] == kind]
+
+
+# ---- packaging of the frontend code ------------------------------------------------------------------------
+def test_import_is_light():
+    code = "import sys, sgnb.widgets; assert 'torch' not in sys.modules and 'sgnb.engine.engine' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("widget", [ProgramView, RadixTreeView, EngineStats])
+def test_esm_is_one_module(widget, tmp_path):
+    esm = widget._esm
+    assert "export default" in esm
+    assert not re.search(r"^import .* from", esm, re.M), "relative imports must be inlined"
+    assert not re.search(r"\.innerHTML\s*=|insertAdjacentHTML", esm), "text goes in via textContent"
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: syntax not checked")
+    f = tmp_path / "widget.mjs"
+    f.write_text(esm)
+    subprocess.run([node, "--check", str(f)], check=True)
+
+
+def test_drawing_modules_stand_alone():
+    for name in ("radix_tree_draw.js", "stats_draw.js"):
+        text = esm_path(name).read_text()
+        assert "export function draw" in text and not re.search(r"^import ", text, re.M)
+    assert "drawTree" in bundle("radix_tree.js") and "drawStats" in bundle("engine_stats.js")
+
+
+# ---- ProgramView -----------------------------------------------------------------------------------------
+@sgl.function
+def showcase(s, question):
+    s += sgl.system("You are terse.")
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+    s += "\nVerdict:" + sgl.select("verdict", choices=[" yes", " no", " maybe"])
+    forks = s.fork(2)
+    for i, f in enumerate(forks):
+        f += f"\nIdea {i + 1}:" + sgl.gen("idea", max_tokens=4, temperature=0)
+    forks.join()
+    s += "\n" + sgl.gen("year", max_tokens=12, regex=r"The year is (19|20)[0-9]{2}\.", temperature=0)
+
+
+def test_program_view_reflects_a_real_program(runtime):
+    view = ProgramView(title="showcase")
+    state = view.run(showcase, "What is a radix tree?", backend=runtime)
+    assert state.view is view
+    state.sync()
+    settle(view)
+    programs = {p["id"]: p for p in view.programs}
+    (top,) = [p for p in programs.values() if p["parent"] is None]
+    assert top["name"] == "showcase" and top["status"] == "done" and "question" in top["arguments"]
+    assert [s["role"] for s in segs(top, "role_begin")] == ["system", "user", "assistant"]
+    assert any(s["tmpl"] for s in segs(top, "text")), "role markers are told apart"
+
+    gens = {s["var"]: s for s in segs(top, "gen")}
+    assert gens["answer"]["text"] == state["answer"] and gens["answer"]["done"]
+    meta = gens["answer"]["meta"]
+    assert meta["completion_tokens"] >= 1 and "cached_tokens" in meta and meta["e2e_latency"] > 0
+
+    (sel,) = segs(top, "select")
+    assert sel["var"] == "verdict" and sel["text"] == state["verdict"]
+    assert [c["text"] for c in sel["choices"]] == [" yes", " no", " maybe"]
+    assert sum(c["p"] for c in sel["choices"]) == pytest.approx(1.0, abs=1e-3)
+    best = max(sel["choices"], key=lambda c: c["p"])
+    assert best["chosen"] and best["text"] == state["verdict"]
+
+    (fork,) = segs(top, "fork")
+    assert len(fork["children"]) == 2 and top["children"] == fork["children"]
+    for i, cid in enumerate(fork["children"]):
+        child = programs[cid]
+        assert child["parent"] == top["id"] and child["status"] == "done"
+        (idea,) = segs(child, "gen")
+        assert idea["var"] == "idea" and idea["text"] == state["idea"][i]
+
+    year = gens["year"]
+    assert "year is" in year["constraint"]
+    tokens = year["tokens"]
+    assert tokens and "".join(t for t, _ in tokens) == year["text"] == state["year"]
+    forced = sum(f for _, f in tokens)
+    assert 0 < forced < len(tokens), "jump-forward tokens and sampled ones are both marked"
+    assert year["meta"]["forced_tokens"] == forced
+
+    assert view.summary["gens"] == 4 and view.summary["programs"] == 3
+    assert set(top["variables"]) >= {"answer", "verdict", "idea", "year"}
+
+
+def test_program_view_streams_token_by_token(runtime):
+    @sgl.function
+    def tell(s):
+        s += PREFIX + "Tell me about caches.\nAnswer:"
+        s += sgl.gen("story", max_tokens=24, temperature=0, ignore_eos=True)
+
+    view = ProgramView()
+    lengths: list[int] = []
+
+    def record(change):
+        for p in change["new"]:
+            for s in segs(p, "gen"):
+                lengths.append(len(s["text"]))
+
+    view.observe(record, names=["programs"])
+    state = view.run(tell, stream=True, backend=runtime)
+    story = state["story"]
+    settle(view)
+    (gen,) = segs(view.programs[0], "gen")
+    assert gen["text"] == story and gen["chunks"] > 1 and gen["ttft"] is not None
+    growing = sorted(set(lengths))
+    assert len(growing) >= 3 and growing[-1] == len(story), f"the span grew in steps: {growing}"
+
+
+def test_program_view_throttles_updates():
+    """2,000 events from 4 threads in about half a second become a handful of messages."""
+    view = ProgramView()
+    sent: list[dict] = []
+    view._send = lambda msg, buffers=None: sent.append(msg)  # every comm message the widget would send
+    view.on_event({"program": "p", "parent": None, "type": "program_begin", "name": "load", "arguments": {}})
+    view.on_event({"program": "p", "parent": None, "type": "gen_begin", "var": "x", "rid": "r", "where": None,
+                   "constraint": None})
+
+    def feed(k):
+        for i in range(500):
+            view.on_event({"program": "p", "parent": None, "type": "text", "text": f"{k}.{i} ", "var": "x"})
+            if i % 50 == 0:
+                time.sleep(0.01)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=feed, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    view.on_event({"program": "p", "parent": None, "type": "gen_end", "var": "x", "rid": "r", "meta_info": {}})
+    view.on_event({"program": "p", "parent": None, "type": "end"})
+    view.flush()
+    assert view.events_seen == 2004
+    (gen,) = segs(view.programs[0], "gen")
+    assert gen["chunks"] == 2000 and gen["done"]
+    assert 1 <= len(sent) <= elapsed / 0.05 + 3, (len(sent), elapsed)
+    assert all(m["method"] == "update" and {"programs", "summary"} >= set(m["state"]) for m in sent)
+
+
+def test_program_view_media_error_and_text_forms(runtime, tmp_path):
+    from PIL import Image
+
+    img = tmp_path / "red.png"
+    Image.new("RGB", (640, 480), (220, 30, 30)).save(img)
+
+    @sgl.function
+    def looks(s, path):
+        s += "Look at this:" + sgl.image(path) + sgl.video(str(tmp_path / "clip.mp4"), num_frames=4)
+        s += sgl.gen("caption", max_tokens=4)  # this model takes no images: the program fails here
+
+    view = ProgramView()
+    state = view.run(looks, str(img), backend=runtime)
+    assert state.error() is not None
+    settle(view)
+    (p,) = view.programs
+    assert p["status"] == "error" and "images" in p["error"]["message"]
+    (image,) = segs(p, "image")
+    assert image["thumb"].startswith("data:image/jpeg;base64,") and len(image["thumb"]) < 6000
+    (video,) = segs(p, "video")
+    assert video["thumb"] == "" and video["name"] == "clip.mp4" and video["num_frames"] == 4
+    assert segs(p, "error")[0]["where"]
+
+    text = repr(view)
+    assert text.startswith("<ProgramView") and "error" in text and len(text) < 200
+    data, _ = view._repr_mimebundle_()
+    assert data["text/plain"] == text and "text/html" not in data
+
+
+def test_program_view_run_batch_and_classmethod(runtime):
+    @sgl.function
+    def qa(s, q):
+        s += PREFIX + "Q: " + q + "\nA:" + sgl.gen("a", max_tokens=3, temperature=0)
+
+    view = ProgramView()
+    states = view.run_batch(qa, [{"q": "one?"}, {"q": "two?"}, {"q": "three?"}], backend=runtime)
+    settle(view)
+    shown = {p["arguments"]["q"]: segs(p, "gen")[0]["text"] for p in view.programs}
+    assert shown == {repr(q): s["a"] for q, s in zip(("one?", "two?", "three?"), states)}
+    state = ProgramView.run(qa, "four?", backend=runtime)  # a new view (displayed only under IPython)
+    assert isinstance(state.view, ProgramView) and state.view is not view
+    state.sync()
+    settle(state.view)
+    assert state.view.summary["gens"] == 1
+
+
+# ---- RadixTreeView -----------------------------------------------------------------------------------------
+def mirror_matches_engine(view: RadixTreeView, engine) -> None:
+    snap = {n["id"]: n for n in engine.tree_snapshot(max_key_tokens=0)["nodes"]}
+    mine = {n.id: n for n in view._nodes.values() if n.evicted_t is None}
+    assert set(mine) == set(snap)
+    for i, n in snap.items():
+        m = mine[i]
+        assert (m.parent, m.tokens, m.hits, m.locked) == (n["parent"], n["tokens"], n["hit_count"], n["lock_ref"] > 0)
+
+
+def test_tree_view_follows_the_engine_and_marks_evictions(engine):
+    engine.flush_cache()
+    view = RadixTreeView(engine, fade_seconds=0.3)
+    counts: list[int] = []
+    view.observe(lambda ch: counts.append(ch["new"].get("nodes", 0)), names=["summary"])
+    prompts = [PREFIX + f"Question {i}: what is {i} plus {i}?\nAnswer:" for i in range(10)]
+    for i in range(0, 10, 2):  # in small batches, so the tree grows in steps
+        engine.generate(prompts[i:i + 2], {"max_new_tokens": 4, "temperature": 0})
+    view.flush()
+    assert len(set(counts)) >= 4, f"the node count passed through intermediate states: {counts}"
+    mirror_matches_engine(view, engine)
+    rows = view.nodes
+    assert view.summary["nodes"] == len(engine.tree_snapshot()["nodes"]) == len(rows)
+    assert {r["state"] for r in rows} & {"new", "hit"}
+    root = next(r["id"] for r in rows if r["parent"] is None)
+    shared = [r for r in rows if r["parent"] == root]
+    assert len(shared) == 1 and shared[0]["hits"] >= 4 and "helpful assistant" in shared[0]["text"]
+
+    before = view.summary["nodes"]
+    engine.flush_cache()
+    view.flush()
+    evicted = [r for r in view.nodes if r["state"] == "evicted"]
+    assert len(evicted) == before - 1 and view.summary["nodes"] == 1 and view.summary["evicting"] == before - 1
+    assert wait_until(lambda: (view.flush() or True) and len(view.nodes) == 1, timeout=5)
+    assert view.nodes[0]["parent"] is None
+    view.detach()
+    assert not view.attached and view._callback not in engine.events._subscribers
+
+
+def test_tree_view_details_name_the_requests_sharing_a_node(engine):
+    engine.flush_cache()
+    view = RadixTreeView(engine)
+    engine.generate(PREFIX + "First question?", {"max_new_tokens": 3, "temperature": 0}, rid="req-one")
+    engine.generate(PREFIX + "Second question?", {"max_new_tokens": 3, "temperature": 0}, rid="req-two")
+    view.flush()
+    root = next(r["id"] for r in view.nodes if r["parent"] is None)
+    (shared,) = [r for r in view.nodes if r["parent"] == root]
+    view.selected = shared["id"]  # what a click in the frontend does
+    d = view.details
+    assert d["id"] == shared["id"] and "helpful assistant" in d["text"]
+    assert {"req-one", "req-two"} <= set(d["rids"]), d["rids"]
+    leaf = next(r for r in view.nodes if r["kids"] == 0 and r["parent"] is not None)
+    view.selected = leaf["id"]
+    assert view.details["prefix"].startswith(d["text"]) and view.details["rids"]
+
+    view.collapsed = [shared["id"]]  # fold: the subtree leaves the rows, the node says how much it hides
+    rows = {r["id"]: r for r in view.nodes}
+    assert rows[shared["id"]]["collapsed"] and rows[shared["id"]]["hidden"] >= 2
+    assert not any(r["parent"] == shared["id"] for r in view.nodes)
+    view.detach()
+
+
+def test_tree_view_aggregates_above_max_nodes(engine):
+    engine.flush_cache()
+    view = RadixTreeView(engine, max_nodes=12)
+    prompts = [PREFIX + f"Topic {i}: " + ("cats" if i % 2 else "dogs") + f" number {i}." for i in range(24)]
+    engine.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
+    view.flush()
+    total = view.summary["nodes"]
+    assert total > 24
+    nodes = [r for r in view.nodes if not r.get("group")]
+    groups = [r for r in view.nodes if r.get("group")]
+    assert len(nodes) == 12 and groups and view.summary["groups"] == len(groups)
+    assert len(nodes) + sum(g["count"] for g in groups) == total  # every node is drawn or counted in a group
+    shown = {r["id"] for r in nodes}
+    assert all(g["parent"] in shown for g in groups)
+
+    g = max(groups, key=lambda g: g["children"])
+    view.expanded = [g["parent"]]  # a click on the "+N nodes" group
+    kids = [r for r in view.nodes if r["parent"] == g["parent"] and not r.get("group")]
+    assert len(kids) == len([c for c in view._nodes.values() if c.parent == g["parent"]])
+    assert len([r for r in view.nodes if not r.get("group")]) <= 2 * 12
+    view.detach()
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+class _SyntheticEngine:
+    """The engine's real RadixCache and EventBus with no model: lets a test grow a tree of thousands of nodes."""
+
+    def __init__(self):
+        from sgnb.engine.events import EventBus
+        from sgnb.engine.radix_cache import RadixCache
+
+        self.events = EventBus()
+        self.tree = RadixCache(lambda slots: None, emit=self.events.emit)
+        self.tokenizer = _Tokenizer()
+
+    def subscribe(self, callback, replay=False):
+        return self.events.subscribe(callback, replay=replay)
+
+
+def test_tree_view_stays_small_and_fast_at_5000_nodes():
+    import random
+
+    import torch
+
+    eng = _SyntheticEngine()
+    view = RadixTreeView(eng, max_nodes=300)
+    rng = random.Random(0)
+    while len(eng.tree.nodes) < 5200:  # random branching keys: inserts split nodes, the tree grows fast
+        key = [rng.randrange(4) for _ in range(3)] + [rng.randrange(50) for _ in range(rng.randrange(1, 8))]
+        eng.tree.insert(key, torch.arange(len(key)))
+    n = len(eng.tree.nodes)
+    t0 = time.perf_counter()
+    view.flush()
+    took = time.perf_counter() - t0
+    assert view.summary["nodes"] == n
+    assert len(view.nodes) <= 2 * 300 and sum(r.get("count", 0) for r in view.nodes) + view.summary["shown"] == n
+    assert took < 1.5, f"a flush of {n} nodes took {took:.2f}s"
+    t0 = time.perf_counter()
+    view.layout()
+    assert time.perf_counter() - t0 < 0.5
+    view.detach()
+
+
+def test_tree_view_does_no_work_on_the_scheduler_thread(engine):
+    """The engine's callback is a deque's C-level append; everything else runs on the view's own thread, and
+    the view thread's CPU time is a tiny share of the workload's time (what it could take from the engine)."""
+    engine.flush_cache()
+    view = RadixTreeView(engine)
+    cb = view._callback
+    assert type(cb).__name__ == "builtin_function_or_method" and cb.__self__ is view._events
+    assert cb == view._events.append and cb in engine.events._subscribers
+
+    # count and time the appends on the scheduler thread with a recording deque (test-only instrumentation)
+    calls: list[tuple[str, float]] = []
+
+    class Recording(deque):
+        def append(self, event):
+            t = time.perf_counter()
+            super().append(event)
+            calls.append((threading.current_thread().name, time.perf_counter() - t))
+
+    recording = Recording()
+    view._unsubscribe()
+    view._events, view._callback = recording, recording.append
+    view._unsubscribe = engine.subscribe(recording.append)
+
+    ran_on: set[str] = set()
+    real_layout = view.layout
+
+    def layout():
+        ran_on.add(threading.current_thread().name)
+        return real_layout()
+
+    view.layout = layout
+    seq0 = len(engine.event_history())
+    cpu0 = view._ticker.cpu_seconds
+    prompts = [PREFIX + f"Question {i}: what is {i} plus {i}?\nAnswer:" for i in range(16)]
+    t0 = time.perf_counter()
+    engine.generate(prompts, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    wall = time.perf_counter() - t0
+    time.sleep(0.15)
+    view.flush()
+    cpu = view._ticker.cpu_seconds - cpu0
+
+    assert calls and {name for name, _ in calls} == {"sgnb-scheduler"}
+    assert len(calls) == len(engine.event_history()) - seq0 or len(engine.event_history()) == 10_000
+    per_call = sorted(d for _, d in calls)[len(calls) // 2]
+    assert per_call < 20e-6, f"median append took {per_call * 1e6:.1f} us"
+    assert "sgnb-scheduler" not in ran_on and ran_on
+    assert cpu / wall < 0.03, f"the view thread used {100 * cpu / wall:.2f}% of the workload's time"
+    view.detach()
+
+
+# ---- EngineStats ---------------------------------------------------------------------------------------
+def test_engine_stats_update(engine):
+    stats = EngineStats(engine, interval=0.25)
+    assert stats.attached and stats.stats["kv_total"] > 0
+    before = stats.stats["requests_finished"]
+    engine.generate([PREFIX + "Hi?", PREFIX + "Hello?"], {"max_new_tokens": 4, "temperature": 0})
+    assert wait_until(lambda: stats.stats["requests_finished"] >= before + 2, timeout=5)
+    h = stats.history
+    assert set(h) == {"hit_rate", "gen_tokens_per_s", "prefill_tokens_per_s", "kv_used_frac", "kv_cached_frac",
+                      "waiting", "running"}
+    assert len(h["gen_tokens_per_s"]) >= 2 and max(h["gen_tokens_per_s"]) > 0
+    assert all(0 <= v <= 1 for k in ("hit_rate", "kv_used_frac", "kv_cached_frac") for v in h[k])
+    assert max(h["hit_rate"]) > 0.5, "the second request hit the shared prefix"
+    assert "hit rate" in repr(stats)
+    stats.detach()
+    assert not stats.attached
+    polls = stats.polls
+    time.sleep(0.6)
+    assert stats.polls == polls
+
+
+def test_stats_hit_rate_is_per_interval():
+    prev = {"prompt_tokens": 100, "cached_tokens": 10, "kv_total": 100, "kv_used": 5}
+    cur = {"prompt_tokens": 200, "cached_tokens": 90, "kv_total": 100, "kv_used": 50, "kv_cached": 20}
+    p = _point(prev, cur, 0.3)
+    assert p["hit_rate"] == pytest.approx(0.8) and p["kv_used_frac"] == 0.5 and p["kv_cached_frac"] == 0.2
+    assert _point(cur, cur, 0.3)["hit_rate"] == 0.3  # no new prompt: the last rate holds

@@ -1,0 +1,309 @@
+"""The widgets in a real browser (headless Debian chromium through Playwright); screenshots go to test-artifacts/.
+
+1. With no kernel: a notebook that shows a ProgramView, a RadixTreeView and EngineStats over a tiny real program
+   is executed by nbclient, exported to HTML by nbconvert (the widget state embedded) and opened. The page loads
+   require.js, @jupyter-widgets/html-manager and anywidget from public CDNs; those requests are answered from
+   `npm pack` copies, everything else is refused.
+2. Live in JupyterLab: a streamed program and a few requests, with a MutationObserver recording what the page
+   showed while the cell ran (the span grew token by token, the tree passed through intermediate sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ORIGIN = "http://sgnb.test/"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOK = [
+    """\
+import json, time
+import sgnb as sgl
+from sgnb.engine import Engine
+from sgnb.widgets import EngineStats, ProgramView, RadixTreeView
+engine = Engine("smollm2")
+runtime = sgl.Runtime(engine=engine)""",
+    """\
+@sgl.function
+def tiny(s):
+    s += "A list of colors: red, green," + sgl.gen("more", max_tokens=4, temperature=0)
+    s += "\\nThe best one is" + sgl.select("best", choices=[" red", " blue"])
+
+tree = RadixTreeView(engine)
+stats = EngineStats(engine)
+view = ProgramView(title="tiny")
+display(view, tree, stats)
+state = view.run(tiny, backend=runtime)
+state.sync()
+time.sleep(0.3)  # the end event follows the last node
+view.flush(); tree.flush(); stats.poll(); tree.detach(); stats.detach()
+print(json.dumps({"more": state["more"], "best": state["best"], "nodes": tree.summary["nodes"]}))""",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    if not Path(CHROMIUM).exists():
+        apt = shutil.which("apt-get")
+        if apt is None:
+            pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run([apt, "update", "-q"], check=True, env=env, capture_output=True)
+        done = subprocess.run([apt, "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"apt-get install chromium failed:\n{done.stderr[-2000:]}"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def widget_packages(tmp_path_factory) -> dict[str, Path]:
+    """npm packages the exported page loads from CDNs, unpacked: name -> package folder."""
+    import anywidget
+    from nbconvert import HTMLExporter
+
+    npm = shutil.which("npm")
+    assert npm, "the browser test needs npm (to pack the widget manager's JavaScript)"
+    manager = HTMLExporter().html_manager_semver_range.replace("*", "latest") or "latest"
+    specs = {"@jupyter-widgets/html-manager": manager, "anywidget": f"~{anywidget.__version__}",
+             "requirejs": "2.3.7"}
+    out = tmp_path_factory.mktemp("npm")
+    subprocess.run([npm, "pack", "--silent", *(f"{k}@{v}" for k, v in specs.items())], cwd=out, check=True,
+                   capture_output=True)
+    packages = {}
+    for name in specs:
+        (tgz,) = out.glob(name.lstrip("@").replace("/", "-") + "-[0-9]*.tgz")
+        dest = out / name.replace("/", "__")
+        with tarfile.open(tgz) as t:
+            t.extractall(dest, filter="data")
+        packages[name] = dest / "package"
+    return packages
+
+
+@pytest.fixture(scope="session")
+def exported_notebook(tmp_path_factory) -> tuple[str, dict]:
+    """The executed notebook as HTML (nbconvert's lab template) and the values its last cell printed."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nbconvert = pytest.importorskip("nbconvert")
+    work = tmp_path_factory.mktemp("notebook")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in NOTEBOOK])
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(work)}}).execute()
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    names = {m["state"].get("_anywidget_id") for m in state.values()}
+    assert {"sgnb.widgets._program_view.ProgramView", "sgnb.widgets._radix_tree.RadixTreeView"} <= names
+    printed = json.loads(nb.cells[-1].outputs[-1]["text"].strip().splitlines()[-1])
+    html, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "widgets.html").write_text(html, encoding="utf-8")
+    return html, printed
+
+
+CDN = re.compile(r"^https://(?:unpkg\.com|cdn\.jsdelivr\.net/npm)/((?:@[^/@]+/)?[^/@]+)(?:@[^/]*)?(/[^?#]*)?")
+
+
+def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported_notebook):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    html, printed = exported_notebook
+    refused: list[str] = []
+
+    def serve(route) -> None:
+        url = route.request.url
+        if url == ORIGIN + "index.html":
+            return route.fulfill(status=200, content_type="text/html", body=html)
+        if url.startswith(ORIGIN):  # require.js looks for modules beside the page first, then on the CDN
+            return route.fulfill(status=404, body="")
+        if "/mathjax/" in url:  # the lab template loads MathJax; nothing here needs it
+            return route.fulfill(status=200, content_type="application/javascript", body="")
+        if "cdnjs.cloudflare.com/ajax/libs/require.js" in url:
+            return route.fulfill(path=str(widget_packages["requirejs"] / "require.js"),
+                                 content_type="application/javascript")
+        m = CDN.match(url)
+        if m and m.group(1) in widget_packages:
+            pkg = widget_packages[m.group(1)]
+            rel = (m.group(2) or "/").lstrip("/")
+            if not rel:
+                meta = json.loads((pkg / "package.json").read_text())
+                rel = meta.get("module") or meta.get("main") or "index.js"
+            f = pkg / rel
+            if not f.is_file() and (pkg / (rel + ".js")).is_file():
+                f = pkg / (rel + ".js")
+            if f.is_file():
+                kind = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+                if f.suffix in (".js", ".mjs", ".cjs"):
+                    kind = "application/javascript"
+                return route.fulfill(path=str(f), content_type=kind, headers={"Access-Control-Allow-Origin": "*"})
+        refused.append(url)
+        return route.abort()
+
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.route("**/*", serve)
+            page.goto(ORIGIN + "index.html")
+
+            # the program view: the generated span under its variable, the select with both choices
+            page.wait_for_selector(".sgnb-pv-gen[data-var='more']", timeout=60_000)
+            assert page.locator(".sgnb-pv-gen[data-var='more']").inner_text() == printed["more"]
+            assert page.locator(".sgnb-pv-var").first.inner_text() == "more"
+            choices = page.locator(".sgnb-pv-choice")
+            assert choices.count() == 2
+            chosen = page.locator(".sgnb-pv-choice.chosen").inner_text()
+            assert json.dumps(printed["best"]) in chosen and "%" in chosen
+            assert page.locator(".sgnb-pv-status.done").count() == 1
+            assert "A list of colors" in page.locator(".sgnb-pv-body").first.inner_text()
+
+            # the radix tree: every node drawn (few here), labelled; a click shows the node in the details box
+            page.wait_for_selector(".sgnb-rt-node", timeout=30_000)
+            nodes = page.locator(".sgnb-rt-node")
+            assert nodes.count() == printed["nodes"] >= 3
+            labels = page.locator(".sgnb-rt-node text").all_text_contents()
+            assert any("A list of colors" in t for t in labels) and "root" in labels
+            assert "tokens cached" in page.locator(".sgnb-rt-sum").inner_text()
+            label = re.compile(r"^\s*" + re.escape(printed["best"].strip()) + r"\s*$")
+            leaf = page.locator(".sgnb-rt-node").filter(has=page.locator("text", has_text=label))
+            leaf.click()  # no kernel: the drawing selects on its own and shows the node with the text above it
+            details = page.locator(".sgnb-rt-details")
+            details.wait_for(state="visible", timeout=5_000)
+            assert "1 tok" in details.inner_text() and "A list of colors" in details.inner_text()
+            assert page.locator(".sgnb-rt-node.selected").count() == 1
+
+            # the stats: four tiles with their sparklines
+            assert page.locator(".sgnb-st-tile").count() == 4
+            assert page.locator(".sgnb-st svg polyline").count() >= 4
+
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "widgets-page.png"), full_page=True)
+            page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view.png"))
+            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree.png"))
+            page.locator(".sgnb-st").first.screenshot(path=str(ARTIFACTS / "widgets-engine-stats.png"))
+        finally:
+            browser.close()
+    ours = [e for e in errors if "sgnb" in e or "anywidget" in e.lower()]
+    assert not ours, ours
+    assert not refused, refused
+
+
+LIVE_NOTEBOOK = [
+    """\
+import time
+import sgnb as sgl
+from sgnb.engine import Engine
+from sgnb.widgets import EngineStats, ProgramView, RadixTreeView
+engine = Engine("smollm2")
+runtime = sgl.Runtime(engine=engine)""",
+    """\
+@sgl.function
+def story(s):
+    s += "Once upon a time" + sgl.gen("story", max_tokens=32, temperature=0, ignore_eos=True)
+
+tree = RadixTreeView(engine)
+stats = EngineStats(engine, interval=0.25)
+display(tree, stats)
+state = ProgramView.run(story, backend=runtime, stream=True)
+state.sync()
+for ending in [" there was", " a king", " in a land far away"]:
+    engine.generate("Once upon a time" + ending, {"max_new_tokens": 6, "temperature": 0})
+    time.sleep(0.3)
+time.sleep(0.5)""",
+]
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server over tmp_path (no token); yields its URL; stopped with SIGTERM (its kernels too)."""
+    pytest.importorskip("jupyterlab")
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in LIVE_NOTEBOOK])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "live.ipynb")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.root_dir={tmp_path}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(url + "/api/status", timeout=1)
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+                time.sleep(0.25)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+RECORD = """() => {
+  window.sgnbSeen = {lengths: [], nodes: [], states: []};
+  new MutationObserver(() => {
+    const span = document.querySelector(".sgnb-pv-gen[data-var='story']");
+    if (span) window.sgnbSeen.lengths.push(span.textContent.length);
+    window.sgnbSeen.nodes.push(document.querySelectorAll(".sgnb-rt-node").length);
+    for (const n of document.querySelectorAll(".sgnb-rt-node.new, .sgnb-rt-node.hit"))
+      window.sgnbSeen.states.push(n.classList.contains("new") ? "new" : "hit");
+  }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.goto(jupyter_lab + "/lab/tree/live.ipynb?reset")
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page.evaluate(RECORD)
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            try:
+                page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
+            except Exception:
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "widgets-live-lab-failed.png"), full_page=True)
+                raise
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            seen = page.evaluate("window.sgnbSeen")
+            final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "widgets-live-lab.png"), full_page=True)
+        finally:
+            browser.close()
+    lengths = sorted(set(seen["lengths"]))
+    assert len(lengths) >= 5 and lengths[-1] >= len(final.strip()), f"the span grew token by token: {lengths}"
+    counts = sorted(set(seen["nodes"]))
+    assert len([c for c in counts if c > 1]) >= 3, f"the tree passed through intermediate sizes: {counts}"
+    assert {"new", "hit"} <= set(seen["states"])

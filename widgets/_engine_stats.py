@@ -1,0 +1,102 @@
+"""EngineStats: the engine's hit rate, throughput, KV pool occupancy and queues, with small live charts.
+
+A Ticker thread polls `engine.get_stats()` at <= 4 Hz (a read of counters; the engine does nothing for it) and
+syncs `stats` (the latest dict) and `history` (one short series per chart) in one message, only when something
+changed, so an idle engine costs no messages. The drawing and the field list are in `stats_draw.js`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import anywidget
+import traitlets
+
+from sgnb.widgets._esm import bundle
+from sgnb.widgets._ticker import Ticker
+
+# the charted series: name -> how to read it from two successive get_stats() dicts (previous may be None)
+SERIES = ("hit_rate", "gen_tokens_per_s", "prefill_tokens_per_s", "kv_used_frac", "kv_cached_frac", "waiting",
+          "running")
+
+
+def _point(prev: dict[str, Any] | None, cur: dict[str, Any], last_hit: float) -> dict[str, float]:
+    """One sample of every series. hit_rate is over the last poll interval (cached / prompt tokens that
+    arrived since), kept from the previous sample when no prompt arrived."""
+    d_prompt = cur.get("prompt_tokens", 0) - (prev or {}).get("prompt_tokens", 0)
+    d_cached = cur.get("cached_tokens", 0) - (prev or {}).get("cached_tokens", 0)
+    total = max(cur.get("kv_total", 0), 1)
+    return {
+        "hit_rate": d_cached / d_prompt if prev is not None and d_prompt > 0 else last_hit,
+        "gen_tokens_per_s": float(cur.get("gen_tokens_per_s", 0.0)),
+        "prefill_tokens_per_s": float(cur.get("prefill_tokens_per_s", 0.0)),
+        "kv_used_frac": cur.get("kv_used", 0) / total,
+        "kv_cached_frac": cur.get("kv_cached", 0) / total,
+        "waiting": float(cur.get("waiting", 0)),
+        "running": float(cur.get("running", 0)),
+    }
+
+
+class EngineStats(anywidget.AnyWidget):
+    """Live engine statistics: `EngineStats(engine, interval=0.5, points=120)`; `.detach()` stops polling.
+
+    `stats` is the latest `engine.get_stats()`; `history[name]` the last `points` samples of each series in
+    `SERIES` (hit_rate per interval in [0, 1], tokens/s, KV fractions in [0, 1], queue lengths).
+    """
+
+    _esm = bundle("engine_stats.js")
+
+    stats = traitlets.Dict().tag(sync=True)
+    history = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, engine: Any, *, interval: float = 0.5, points: int = 120, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.engine = engine
+        self.points = points
+        self.polls = 0
+        self.flushes = 0
+        self._lock = threading.Lock()
+        self._prev: dict[str, Any] | None = None
+        self._series: dict[str, deque[float]] = {k: deque(maxlen=points) for k in SERIES}
+        self._ticker = Ticker(self.poll, max(interval, 0.25), "sgnb-engine-stats")  # <= 4 Hz
+        self.poll()
+        self._ticker.start()
+
+    def poll(self) -> bool:
+        """Read the engine's stats now; sync (one message) when they changed. Returns whether they did."""
+        with self._lock:
+            stats = self.engine.get_stats()
+            self.polls += 1
+            if stats == self._prev:
+                return False
+            last_hit = self._series["hit_rate"][-1] if self._series["hit_rate"] else 0.0
+            point = _point(self._prev, stats, last_hit)
+            for k, v in point.items():
+                self._series[k].append(round(v, 4))
+            self._prev = stats
+            history = {k: list(v) for k, v in self._series.items()}
+            with self.hold_sync():
+                self.stats = dict(stats)
+                self.history = history
+            self.flushes += 1
+            return True
+
+    def detach(self) -> None:
+        """Stop polling; the last numbers stay."""
+        self._ticker.stop()
+
+    @property
+    def attached(self) -> bool:
+        return self._ticker.running
+
+    def close(self) -> None:
+        self.detach()
+        super().close()
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"<EngineStats hit rate {s.get('cache_hit_rate', 0.0):.0%}, "
+                f"{s.get('gen_tokens_per_s', 0.0):.1f} tok/s, KV {s.get('kv_used', 0)}/{s.get('kv_total', 0)}, "
+                f"{s.get('waiting', 0)} waiting, {s.get('running', 0)} running>")

@@ -1,0 +1,77 @@
+"""Ticker: the timer thread behind every view. Views never do work on the threads that feed them events
+(executor threads, the engine's scheduler thread); they buffer, and a Ticker drains the buffer at <= 1/interval Hz.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("sgnb.widgets")
+
+
+class Ticker:
+    """Calls `tick()` on a daemon thread every `interval` seconds until `stop()`.
+
+    `tick` returns True when it did work. With `idle_stop`, the thread ends after that many seconds without
+    work and `start()` (cheap when running) brings it back, so a finished ProgramView holds no thread. The wait
+    between ticks stretches to 9x the last tick's duration, so a view's share of the GIL stays under ~10% even
+    when a tick is slow (a very large tree), which bounds what it can take from the engine's scheduler thread.
+    """
+
+    def __init__(self, tick: Callable[[], bool], interval: float, name: str,
+                 idle_stop: float | None = None) -> None:
+        self.tick = tick
+        self.interval = interval
+        self.name = name
+        self.idle_stop = idle_stop
+        self.ticks = 0
+        self.cpu_seconds = 0.0  # CPU time the thread spent in tick(): what a view takes from its process
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._poked = False
+
+    def start(self) -> None:
+        """Run the thread (again); safe from any thread, and cheap when it already runs."""
+        with self._lock:
+            self._poked = True
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def _run(self) -> None:
+        wait, last_work = self.interval, time.monotonic()
+        while not self._stopped.wait(wait):
+            t0, c0 = time.monotonic(), time.thread_time()
+            try:
+                worked = bool(self.tick())
+            except Exception:  # a broken view must not die silently nor take its feeder with it
+                log.exception("%s: tick failed", self.name)
+                worked = False
+            now = time.monotonic()
+            self.cpu_seconds += time.thread_time() - c0
+            self.ticks += 1
+            wait = max(self.interval, 9 * (now - t0))
+            if worked:
+                last_work = now
+                continue
+            with self._lock:
+                if self._poked:
+                    self._poked, last_work = False, now
+                elif self.idle_stop is not None and now - last_work > self.idle_stop:
+                    self._thread = None
+                    return
