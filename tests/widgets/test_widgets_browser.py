@@ -231,10 +231,15 @@ time.sleep(0.5)""",
 ]
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path):
-    """A JupyterLab server over tmp_path (no token); yields its URL; stopped with SIGTERM (its kernels too)."""
-    pytest.importorskip("jupyterlab")
+APPS = {"lab": ("jupyterlab", "/lab/tree/live.ipynb?reset"), "notebook7": ("notebook", "/notebooks/live.ipynb")}
+
+
+@pytest.fixture(params=sorted(APPS))
+def jupyter_lab(request, tmp_path):
+    """A JupyterLab 4 or Notebook 7 server over tmp_path (no token); yields the notebook's URL; stopped with
+    SIGTERM (its kernels too)."""
+    module, path = APPS[request.param]
+    pytest.importorskip(module)
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in LIVE_NOTEBOOK])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -244,7 +249,7 @@ def jupyter_lab(tmp_path):
         port = sock.getsockname()[1]
     log = open(tmp_path / "server.log", "wb")
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+        [sys.executable, "-m", module, "--allow-root", "--no-browser", f"--port={port}",
          "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.root_dir={tmp_path}"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -256,7 +261,7 @@ def jupyter_lab(tmp_path):
             except OSError:
                 assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
                 time.sleep(0.25)
-        yield url
+        yield url + path
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -284,7 +289,8 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(jupyter_lab + "/lab/tree/live.ipynb?reset")
+            page.goto(jupyter_lab)
+            app = "notebook7" if "/notebooks/" in jupyter_lab else "lab"
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
             page.evaluate(RECORD)
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
@@ -293,13 +299,13 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
                 page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
             except Exception:
                 ARTIFACTS.mkdir(exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "widgets-live-lab-failed.png"), full_page=True)
+                page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
                 raise
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             seen = page.evaluate("window.sgnbSeen")
             final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "widgets-live-lab.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}.png"), full_page=True)
         finally:
             browser.close()
     lengths = sorted(set(seen["lengths"]))
