@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from sgnb.widgets._series import stats_point
+
 MAX_NODES = 300  # rows sent to the browser; a bigger tree is folded into "+N nodes" group rows
 LABEL_TOKENS = 24  # tokens of each node's key decoded into its label
 HIGHLIGHT_S = 1.0
@@ -267,20 +269,8 @@ class _Memory:
         with self.lock:
             prev = self.stats
             if stats != prev:
-                d_prompt = stats.get("prompt_tokens", 0) - (prev or {}).get("prompt_tokens", 0)
-                d_cached = stats.get("cached_tokens", 0) - (prev or {}).get("cached_tokens", 0)
                 hits = self.series["hit_rate"]
-                last_hit = hits[-1] if hits else 0.0
-                total = max(stats.get("kv_total", 0), 1)
-                point = {
-                    "hit_rate": d_cached / d_prompt if prev is not None and d_prompt > 0 else last_hit,
-                    "gen_tokens_per_s": float(stats.get("gen_tokens_per_s", 0.0)),
-                    "prefill_tokens_per_s": float(stats.get("prefill_tokens_per_s", 0.0)),
-                    "kv_used_frac": stats.get("kv_used", 0) / total,
-                    "kv_cached_frac": stats.get("kv_cached", 0) / total,
-                    "waiting": float(stats.get("waiting", 0)),
-                    "running": float(stats.get("running", 0)),
-                }
+                point = stats_point(prev, stats, hits[-1] if hits else 0.0)
                 for k, v in point.items():
                     self.series[k].append(round(v, 4))
                 self.stats = stats
