@@ -216,7 +216,7 @@ class Tokenizer:
             raise ValueError("this tokenizer has no chat template (tokenizer_config.json has no chat_template); "
                              "build the prompt text yourself or use a chat model")
         if self._compiled_template is None:
-            self._compiled_template = _compile_chat_template(self._chat_template)
+            self._compiled_template = compile_chat_template(self._chat_template)
         variables: dict[str, Any] = {"tools": None, "documents": None}
         for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
             value = getattr(self, f"_{name}")
@@ -227,7 +227,7 @@ class Tokenizer:
                                               **variables)
 
 
-def _compile_chat_template(source: str) -> Any:
+def compile_chat_template(source: str) -> Any:
     """Compile a chat template in a sandbox configured like transformers' (so output matches it byte for byte)."""
     import datetime
 

@@ -247,9 +247,9 @@ class RuntimeEndpoint(Backend):
 
 
 def _template_from_jinja(source: str, info: dict[str, Any], name: str) -> ChatTemplate:
-    from sgnb.engine.tokenizer import _compile_chat_template
+    from sgnb.engine.tokenizer import compile_chat_template
 
-    compiled = _compile_chat_template(source)
+    compiled = compile_chat_template(source)
     tokens = {k: info[k] for k in ("bos_token", "eos_token") if isinstance(info.get(k), str)}
     return derive_from_jinja(lambda m, g: compiled.render(messages=m, add_generation_prompt=g, tools=None,
                                                          documents=None, **tokens), name)
