@@ -33,7 +33,7 @@ from sgnb.engine.radix_cache import RadixCache, common_prefix_len
 from sgnb.engine.request import Req
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scheduler import Scheduler
-from sgnb.engine.scoring import SCORING_METHODS, choose
+from sgnb.engine.scoring import check_choices, choose
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
@@ -344,10 +344,7 @@ class Engine:
         return self._score_result(plan, outs, choices, choices_method, False)  # type: ignore[arg-type]
 
     def _score_plan(self, prefix: str | list[int], choices: list[str], method: str) -> dict:
-        if method not in SCORING_METHODS:
-            raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {method!r}")
-        if not choices or not all(isinstance(c, str) and c for c in choices):
-            raise ValueError("choices must be a non-empty list of non-empty strings")
+        check_choices(choices, method)
         if isinstance(prefix, str):
             prefix_ids = self.tokenizer.encode(prefix)
             full = [self.tokenizer.encode(prefix + c) for c in choices]

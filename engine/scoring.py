@@ -5,6 +5,14 @@ from __future__ import annotations
 SCORING_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
 
 
+def check_choices(choices: list[str], method: str) -> None:
+    """The validation every scorer (the engine, the HTTP and OpenAI backends) applies before any work."""
+    if method not in SCORING_METHODS:
+        raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {method!r}")
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("choices must be a non-empty list of non-empty strings")
+
+
 def choose(method: str, cond: list[list[float]], uncond: list[list[float]] | None = None) -> tuple[int, list[float]]:
     """Returns (index of the chosen choice, one normalized score per choice).
 

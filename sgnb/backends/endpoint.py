@@ -20,7 +20,7 @@ import requests
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
-from sgnb.engine.scoring import SCORING_METHODS, choose
+from sgnb.engine.scoring import check_choices, choose
 from sgnb.sampling import GenParams
 
 _REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -181,10 +181,7 @@ class RuntimeEndpoint(Backend):
         The scored tokens start where any choice's tokenization first departs from the prefix's: a choice can
         merge with the prefix's last token(s) (" yes" after "Answer:"), and that merged token is part of it.
         """
-        if choices_method not in SCORING_METHODS:
-            raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
-        if not choices or not all(isinstance(c, str) and c for c in choices):
-            raise ValueError("choices must be a non-empty list of non-empty strings")
+        check_choices(choices, choices_method)
         if not ctx.text:
             raise BackendError("select needs a non-empty prefix to score choices against")
         images = {"image_data": [_image_data(x) for x in ctx.images][0]} if ctx.images else {}

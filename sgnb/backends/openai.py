@@ -24,7 +24,7 @@ from typing import Any
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
-from sgnb.engine.scoring import SCORING_METHODS, choose
+from sgnb.engine.scoring import check_choices, choose
 from sgnb.sampling import GenParams
 
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
@@ -273,10 +273,7 @@ class OpenAI(Backend):
         if self.is_chat_model:
             raise BackendError("select needs token logprobs of given text, which chat endpoints do not return; "
                                "use a completion model")
-        if choices_method not in SCORING_METHODS:
-            raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
-        if not choices or not all(isinstance(c, str) and c for c in choices):
-            raise ValueError("choices must be a non-empty list of non-empty strings")
+        check_choices(choices, choices_method)
         if not ctx.text:
             raise BackendError("select needs a non-empty prefix to score choices against")
         fulls = [ctx.text + c for c in choices]
