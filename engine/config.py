@@ -32,7 +32,12 @@ class EngineConfig:
     # defer a waiting request whose uncached prefix this many tokens long is being prefilled in the same batch
     in_batch_prefix_threshold: int = 32
     random_seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads on CPU; None -> all cores
+    num_threads: int | None = None  # torch intra-op threads on CPU; None -> all cores (split among tp workers)
+    # tensor parallelism: the model runs sharded over tp_size worker processes (one per GPU, or CPU ranks over
+    # gloo); the scheduler and radix cache stay in this process. tp_workers=True uses a worker process even at
+    # tp_size 1 (the same code path); the default, tp_size 1 without workers, runs the model in this process.
+    tp_size: int = 1
+    tp_workers: bool = False
     cache_dir: str | None = None
     event_history: int = 10_000  # events kept for late subscribers (widgets)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -46,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
         if self.chunked_prefill_size < 1 or self.max_prefill_tokens < 1:
             raise ValueError("chunked_prefill_size and max_prefill_tokens must be positive")
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> EngineConfig:

@@ -28,7 +28,7 @@ import torch
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
-from sgnb.engine.model_runner import ModelRunner
+from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache, common_prefix_len
 from sgnb.engine.request import Req
 from sgnb.engine.sampling_params import SamplingParams
@@ -50,18 +50,23 @@ class Engine:
         t0 = time.perf_counter()
         self.source = resolve_model(self.config.model_path, self.config.cache_dir)
         self.tokenizer = load_tokenizer(self.source, self.config.cache_dir)
-        self.runner = ModelRunner(self.config, self.source)
-        self.events = EventBus(self.config.event_history)
-        self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
-                               emit=self.events.emit)
-        eos = tuple(self.tokenizer.eos_token_ids) or tuple(self.source.config.eos_token_ids)
-        self._grammar_backend: Any = None
-        self._grammar_lock = threading.Lock()
-        self.scheduler = Scheduler(self.config, self.runner, self.tree, self.events, eos, self.tokenizer,
-                                   self.grammar_backend)
-        self.scheduler.start()
-        # stop the thread at exit or when the engine is collected (a daemon thread dying inside torch aborts)
-        self._finalizer = weakref.finalize(self, self.scheduler.stop)
+        self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
+        try:
+            self.events = EventBus(self.config.event_history)
+            self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
+                                   emit=self.events.emit)
+            eos = tuple(self.tokenizer.eos_token_ids) or tuple(self.source.config.eos_token_ids)
+            self._grammar_backend: Any = None
+            self._grammar_lock = threading.Lock()
+            self.scheduler = Scheduler(self.config, self.runner, self.tree, self.events, eos, self.tokenizer,
+                                       self.grammar_backend)
+            self.scheduler.start()
+        except BaseException:
+            self.runner.shutdown()
+            raise
+        # stop the thread (and any workers) at exit or when the engine is collected (a daemon thread dying
+        # inside torch aborts)
+        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner)
         self.load_seconds = time.perf_counter() - t0
         self._ids = itertools.count()
         self._closed = False
@@ -69,8 +74,9 @@ class Engine:
     # ---- properties --------------------------------------------------------------------------------------
     @property
     def is_alive(self) -> bool:
-        """False once shut down or if the scheduler thread died."""
-        return not self._closed and self.scheduler.fatal is None and self.scheduler.thread.is_alive()
+        """False once shut down, or if the scheduler thread or a tensor-parallel worker died."""
+        return (not self._closed and self.scheduler.fatal is None and self.scheduler.thread.is_alive()
+                and self.runner.failure() is None)
 
     @property
     def context_length(self) -> int:
@@ -93,11 +99,16 @@ class Engine:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     # ---- requests ----------------------------------------------------------------------------------------
-    def _check_open(self) -> None:
+    def _check_open(self, workers: bool = True) -> None:
+        """Raise EngineError if the engine cannot serve. Waits for submitted requests pass workers=False: a
+        worker failure then reaches them as their own failure (finish_reason abort, meta_info error)."""
         if self._closed:
             raise EngineError("the engine was shut down")
         if self.scheduler.fatal is not None:
             raise EngineError(f"the engine's scheduler died: {self.scheduler.fatal!r}")
+        failure = self.runner.failure() if workers else None
+        if failure is not None:
+            raise EngineError(f"the engine's model workers failed: {failure}") from failure
 
     def _tokens(self, prompt: str | None, input_ids: Sequence[int] | None) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -202,7 +213,7 @@ class Engine:
         try:
             for ev in done:
                 while not ev.wait(0.1):
-                    self._check_open()
+                    self._check_open(workers=False)
         except BaseException:
             for req in reqs:
                 self.scheduler.abort(req.rid)
@@ -220,7 +231,7 @@ class Engine:
                 try:
                     r = chunks.get(timeout=0.1)
                 except queue.Empty:
-                    self._check_open()
+                    self._check_open(workers=False)
                     continue
                 if r.finished:
                     out = self._result(r, text_in_logprobs)
@@ -417,7 +428,8 @@ class Engine:
         pool = self.runner.kv_pool
         return {
             "model": self.source.name,
-            "device": str(self.runner.device),
+            "device": self.runner.placement,
+            "tp_size": self.config.tp_size,
             "waiting": len(s.waiting) + (1 if s.chunked else 0),
             "running": len(s.running),
             "requests_finished": c.requests_finished,
@@ -456,6 +468,11 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _stop(scheduler: Scheduler, runner: Runner) -> None:
+    scheduler.stop()
+    runner.shutdown()
 
 
 def _stream_safe_len(text: str, stops: Sequence[str]) -> int:

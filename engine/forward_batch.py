@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgnb.engine.kv_pool import KVPool
+from sgnb.engine.kv_pool import KVCache
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ForwardBatch:
     prefix_lens: list[int]
     extend_lens: list[int]
     req_to_token: torch.Tensor  # (R, max_context)
-    kv_pool: KVPool
+    kv_cache: KVCache | None = None  # the K/V storage: attached by the runner that runs the batch
     shared_len: int = 0  # leading slots identical for every request (read once: cascade attention)
 
     @property

@@ -1,8 +1,10 @@
-"""The KV pool: a request-to-token table and a token-slot pool holding every layer's K and V.
+"""The KV pool: a request-to-token table, a free list of token slots, and the K/V storage of those slots.
 
-Two levels, as in SGLang: `ReqToTokenPool` maps (request slot, position) -> KV slot; `KVPool` owns the
-per-layer K/V buffers and a free list of slots. Slot 0 is never handed out (a padding target).
-Neither is thread-safe: only the scheduler thread touches them.
+Two levels, as in SGLang: `ReqToTokenPool` maps (request slot, position) -> KV slot; `KVPool` hands out slots
+from a free list. `KVCache` is the storage: per-layer K and V for every slot. The in-process runner keeps the
+storage beside the allocator (`KVPool.cache`); with tensor parallelism the allocator stays with the scheduler
+and each worker holds a `KVCache` for its own KV heads, indexed by the same slot ids. Slot 0 is never handed
+out (a padding target). None of these is thread-safe: only the scheduler thread (or one worker) touches them.
 """
 
 from __future__ import annotations
@@ -11,13 +13,54 @@ import torch
 
 
 class ReqToTokenPool:
-    """A table of `size` rows x `max_context` KV slot indices, one row per live request."""
+    """A table of `size` rows x `max_context` KV slot indices, one row per live request.
 
-    def __init__(self, size: int, max_context: int, device: torch.device) -> None:
+    Write it through `write` / `write_points` only: with `track_writes` (tensor parallelism) they record which
+    entries changed, and `take_writes` hands those to the workers, whose copies of the table must stay equal.
+    """
+
+    def __init__(self, size: int, max_context: int, device: torch.device, track_writes: bool = False) -> None:
         self.size = size
         self.max_context = max_context
         self.req_to_token = torch.zeros(size, max_context, dtype=torch.int64, device=device)
         self._free = list(range(size - 1, -1, -1))
+        self._dirty: dict[int, tuple[int, int]] | None = {} if track_writes else None  # row -> [lo, hi)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """req_to_token[row, start: start + len(slots)] = slots."""
+        end = start + len(slots)
+        if self._dirty is not None:
+            if torch.equal(self.req_to_token[row, start:end], slots.to(self.req_to_token.device)):
+                return  # e.g. re-pointing a prefix at the tree's slots that it already uses
+            self._mark(row, start, end)
+        self.req_to_token[row, start:end] = slots
+
+    def write_points(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """req_to_token[rows[i], cols[i]] = slots[i] (one new token per request: a decode step)."""
+        if self._dirty is not None:
+            for r, c in zip(rows.tolist(), cols.tolist()):
+                self._mark(r, c, c + 1)
+        self.req_to_token[rows, cols] = slots
+
+    def _mark(self, row: int, start: int, end: int) -> None:
+        assert self._dirty is not None
+        lo, hi = self._dirty.get(row, (start, end))
+        self._dirty[row] = (min(lo, start), max(hi, end))
+
+    def take_writes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, cols, slots): the current value of every entry written since the last call, flat, so that
+        `copy[rows, cols] = slots` brings a copy of the table up to date (tracked pools only)."""
+        assert self._dirty is not None, "this pool does not track writes"
+        spans = self._dirty
+        self._dirty = {}
+        row_ids = torch.tensor(list(spans), dtype=torch.int64)
+        lo, hi = torch.tensor(list(spans.values()), dtype=torch.int64).view(-1, 2).unbind(1)  # (n,), (n,)
+        lens = hi - lo
+        rows = row_ids.repeat_interleave(lens)  # (total,)
+        starts = torch.cumsum(lens, 0) - lens  # where each span begins in the flat output
+        cols = torch.arange(int(lens.sum())) - starts.repeat_interleave(lens) + lo.repeat_interleave(lens)
+        rows, cols = rows.to(self.req_to_token.device), cols.to(self.req_to_token.device)
+        return rows, cols, self.req_to_token[rows, cols]
 
     def alloc(self) -> int | None:
         return self._free.pop() if self._free else None
@@ -31,22 +74,33 @@ class ReqToTokenPool:
         return len(self._free)
 
 
-class KVPool:
-    """Per-layer K/V buffers of shape (num_slots + 1, num_kv_heads, head_dim) and a free list of slots."""
+class KVCache:
+    """Per-layer K/V buffers of shape (num_slots + 1, num_kv_heads, head_dim): the storage of every slot."""
 
     def __init__(
         self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, device: torch.device,
     ) -> None:
-        self.size = num_slots
-        self.dtype = dtype
-        self.device = device
         shape = (num_slots + 1, num_kv_heads, head_dim)
         # empty, not zeros: a large pool is never touched before use, so it costs no start-up time
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         for buf in (*self.k_buffers, *self.v_buffers):
             buf[0].zero_()  # slot 0 pads gathers (masked keys): garbage there could be NaN, and 0 * NaN = NaN
+
+    def bytes_per_token(self) -> int:
+        k = self.k_buffers[0]
+        return 2 * len(self.k_buffers) * k.shape[1] * k.shape[2] * k.element_size()
+
+
+class KVPool:
+    """A free list of slots 1..num_slots on `device`, and the slots' storage when it lives in this process
+    (`cache`; None when tensor-parallel workers hold it)."""
+
+    def __init__(self, num_slots: int, device: torch.device, cache: KVCache | None = None) -> None:
+        self.size = num_slots
+        self.device = device
+        self.cache = cache
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
         self._pending: list[torch.Tensor] = []  # freed slots, merged lazily (cat is cheaper once per step)
 
@@ -67,10 +121,6 @@ class KVPool:
     def free(self, slots: torch.Tensor) -> None:
         if slots.numel():
             self._pending.append(slots.to(torch.int64))
-
-    def bytes_per_token(self) -> int:
-        k = self.k_buffers[0]
-        return 2 * len(self.k_buffers) * k.shape[1] * k.shape[2] * k.element_size()
 
     def clear(self) -> None:
         self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,12 +219,15 @@ def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None) -> 
 
 
 def load_state_dict(
-    source: ModelSource, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    source: ModelSource, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+    shard: Callable[[str, Any], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All tensors of `source`'s safetensors files, with HF names, on `device`, cast to `dtype` if given.
 
     Reads the shards named by model.safetensors.index.json when present, else every *.safetensors file.
     Tied models have no lm_head.weight: the model ties it to model.embed_tokens.weight.
+    `shard(name, slice)` picks the part of each tensor to read (a tensor-parallel rank's shard): it gets a
+    safetensors slice, so only that part is read from the file.
     """
     from safetensors import safe_open
 
@@ -236,9 +240,9 @@ def load_state_dict(
         files = sorted(source.path.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
+        with safe_open(str(file), framework="pt", device=str(device) if shard is None else "cpu") as f:
             for name in f.keys():
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(name) if shard is None else shard(name, f.get_slice(name)).to(device)
                 state[name] = tensor if dtype is None else tensor.to(dtype)
     return state
 

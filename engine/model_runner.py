@@ -1,15 +1,25 @@
-"""ModelRunner: owns the model weights, the KV pools and the device; runs one forward per batch."""
+"""ModelRunner: owns the model weights, the KV pools and the device; runs one forward per batch.
+
+The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py keeps it too):
+- `device`: where the scheduler's tables, slot ids and logits live; `kv_pool`, `req_pool`, `context_length`;
+- `forward(fb)` runs the batch (writing its K/V) and returns its hidden states, opaque to the caller except
+  for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
+- `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.forward_batch import ForwardBatch
-from sgnb.engine.kv_pool import KVPool, ReqToTokenPool
+from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
+from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.model_loader import ModelSource, load_state_dict
 from sgnb.engine.models.llama import LlamaForCausalLM
 
@@ -38,11 +48,60 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def kv_pool_slots(config: EngineConfig, mcfg: ModelConfig, kv_dtype: torch.dtype, device: torch.device,
+                  num_kv_heads: int, context_length: int) -> int:
+    """How many KV slots to allocate: max_total_tokens, else what fits in mem_fraction_static of the GPU for
+    `num_kv_heads` heads (a tensor-parallel rank's share), else the CPU default (always for the whole model,
+    so the pool is the same size at every tp size)."""
+    if config.max_total_tokens is not None:
+        return config.max_total_tokens
+    if device.type == "cuda":
+        per_token = 2 * mcfg.num_hidden_layers * num_kv_heads * mcfg.head_dim * kv_dtype.itemsize
+        free, total = torch.cuda.mem_get_info(device)
+        budget = free - total * (1.0 - config.mem_fraction_static)
+        return max(int(budget // per_token), 16)
+    per_token = 2 * mcfg.num_hidden_layers * mcfg.num_key_value_heads * mcfg.head_dim * kv_dtype.itemsize
+    return max(min(CPU_KV_BUDGET_BYTES // per_token, CPU_MAX_KV_TOKENS), min(context_length, CPU_MAX_KV_TOKENS))
+
+
+class Runner(Protocol):
+    """What the scheduler and the engine use of a runner (see the module docstring for the contract)."""
+
+    config: EngineConfig
+    source: ModelSource
+    model_config: ModelConfig
+    device: torch.device
+    placement: str
+    context_length: int
+    kv_pool: KVPool
+    req_pool: ReqToTokenPool
+
+    def forward(self, fb: ForwardBatch) -> Any: ...
+
+    def logits(self, hidden: Any, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def failure(self) -> BaseException | None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def make_runner(config: EngineConfig, source: ModelSource) -> Runner:
+    """The in-process runner, or tensor-parallel worker processes when tp_size > 1 or tp_workers is set."""
+    if config.tp_size > 1 or config.tp_workers:
+        from sgnb.engine.tp_runner import TPModelRunner
+
+        return TPModelRunner(config, source)
+    return ModelRunner(config, source)
+
+
 class ModelRunner:
+    """The model in this process (tp_size 1): the scheduler's tables and the KV storage on one device."""
+
     def __init__(self, config: EngineConfig, source: ModelSource) -> None:
         self.config = config
         self.source = source
         self.device = resolve_device(config.device)
+        self.placement = str(self.device)  # for logs and stats
         self.dtype = resolve_dtype(config.dtype, self.device)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, self.device)
         if self.device.type == "cpu":
@@ -59,24 +118,26 @@ class ModelRunner:
             model.load_hf_state_dict(load_state_dict(source, self.device, self.dtype), self.device, self.dtype)
         self.model = model.eval()
 
-        self.kv_pool = KVPool(self._kv_slots(kv_dtype, mcfg), mcfg.num_hidden_layers, mcfg.num_key_value_heads,
-                              mcfg.head_dim, kv_dtype, self.device)
+        slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)
+        self.kv_cache = KVCache(slots, mcfg.num_hidden_layers, mcfg.num_key_value_heads, mcfg.head_dim, kv_dtype,
+                                self.device)
+        self.kv_pool = KVPool(slots, self.device, self.kv_cache)
         self.req_pool = ReqToTokenPool(config.max_running_requests + 8, self.context_length + 1, self.device)
         log.info("model %s on %s/%s, KV pool %d tokens", source.name, self.device, self.dtype, self.kv_pool.size)
 
-    def _kv_slots(self, kv_dtype: torch.dtype, mcfg) -> int:
-        if self.config.max_total_tokens is not None:
-            return self.config.max_total_tokens
-        per_token = 2 * mcfg.num_hidden_layers * mcfg.num_key_value_heads * mcfg.head_dim * kv_dtype.itemsize
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1.0 - self.config.mem_fraction_static)
-            return max(int(budget // per_token), 16)
-        return max(min(CPU_KV_BUDGET_BYTES // per_token, CPU_MAX_KV_TOKENS), min(self.context_length, CPU_MAX_KV_TOKENS))
-
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""
+        fb.kv_cache = self.kv_cache
         return self.model(fb)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(hidden)
+    def logits(self, hidden: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+        """(len(rows), vocab) float32 logits of those rows of `hidden` (every row when rows is None)."""
+        out = self.model.compute_logits(hidden if rows is None else hidden[rows])
+        assert out is not None
+        return out
+
+    def failure(self) -> BaseException | None:
+        return None  # nothing outside this process can fail
+
+    def shutdown(self) -> None:
+        pass

@@ -24,7 +24,7 @@ import torch
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import EventBus
 from sgnb.engine.forward_batch import ForwardBatch
-from sgnb.engine.model_runner import ModelRunner
+from sgnb.engine.model_runner import Runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
 from sgnb.engine.sampler import sample
@@ -64,7 +64,7 @@ class _PrefillItem:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, tree: RadixCache, events: EventBus,
+    def __init__(self, config: EngineConfig, runner: Runner, tree: RadixCache, events: EventBus,
                  eos_ids: tuple[int, ...], tokenizer: Tokenizer, grammar: Callable[[], GrammarBackend]) -> None:
         self.config = config
         self.runner = runner
@@ -168,8 +168,10 @@ class Scheduler:
             if kind == "req":
                 self.waiting.append(payload)
                 self.counters.prompt_tokens += len(payload.origin_input_ids)
+                # input_ids is the request's own list (no copy): benchmarks compute the optimal hit rate from it
                 self.events.emit("request", {"rid": payload.rid, "state": "queued",
-                                             "prompt_tokens": len(payload.origin_input_ids)})
+                                             "prompt_tokens": len(payload.origin_input_ids),
+                                             "input_ids": payload.origin_input_ids})
             elif kind == "abort":
                 self._aborts.add(payload)
             elif kind == "flush":
@@ -249,7 +251,7 @@ class Scheduler:
             self.tree.inc_lock_ref(match.last_node)
             req.last_node = match.last_node
             if prefix:
-                self.runner.req_pool.req_to_token[row, :prefix] = match.indices[:prefix]
+                self.req_pool.write(row, 0, match.indices[:prefix])
             req.kv_len = req.cached_len = prefix
             if not self._alloc_extend(req, prefix, ext):
                 self._release(req, cache=False)
@@ -307,7 +309,7 @@ class Scheduler:
         if slots is None:
             return False
         assert req.req_pool_idx is not None
-        self.req_pool.req_to_token[req.req_pool_idx, start: start + n] = slots
+        self.req_pool.write(req.req_pool_idx, start, slots)
         req._pending_slots = slots  # type: ignore[attr-defined]
         return True
 
@@ -336,7 +338,6 @@ class Scheduler:
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],
             req_to_token=self.req_pool.req_to_token,
-            kv_pool=self.kv_pool,
         )
         hidden = self._forward(fb, reqs)
         if hidden is None:
@@ -353,7 +354,7 @@ class Scheduler:
             start = r.kv_len
             try:
                 if not r.input_logprobs_done:
-                    self._input_logprobs(r, hidden[offset: offset + item.extend], start)
+                    self._input_logprobs(r, hidden, offset, item.extend, start)
                 r.kv_len = start + item.extend
                 if r.kv_len < len(r.fill_ids):  # a chunk of a long prompt: share it, continue next round
                     self._cache_unfinished(r)
@@ -369,11 +370,11 @@ class Scheduler:
                 self._fail(r, e)
             offset += item.extend
         if to_sample:
-            self._sample_and_advance(to_sample, hidden[rows])
+            self._sample_and_advance(to_sample, hidden, rows)
             extending = {id(r) for r in self.extending}
             self.running.extend(r for r in to_sample if not r.finished and id(r) not in extending)
 
-    def _forward(self, fb: ForwardBatch, reqs: list[Req]) -> torch.Tensor | None:
+    def _forward(self, fb: ForwardBatch, reqs: list[Req]) -> Any:
         """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
         only: their new slots are already in their rows, so count them in before releasing."""
         fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
@@ -388,18 +389,19 @@ class Scheduler:
         self.counters.forward_seconds += time.perf_counter() - t0
         return hidden
 
-    def _input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
-        """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows (positions start..)."""
+    def _input_logprobs(self, req: Req, hidden: Any, offset: int, extend: int, start: int) -> None:
+        """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows
+        offset .. offset + extend (positions start ..)."""
         prompt = req.origin_input_ids
         s = min(max(req.logprob_start_len, 0), len(prompt) - 1)
         if s == 0 and start == 0:
             req.input_token_logprobs.append((None, prompt[0]))
             req.input_top_logprobs.append(None)
-        first, last = max(s - 1, start), min(len(prompt) - 1, start + hidden.shape[0])  # positions q -> token q+1
+        first, last = max(s - 1, start), min(len(prompt) - 1, start + extend)  # positions q -> token q+1
         k = req.top_logprobs_num
         for c in range(first, last, LOGITS_CHUNK):
             q = torch.arange(c, min(c + LOGITS_CHUNK, last))
-            lp = self.runner.logits(hidden[q - start]).log_softmax(-1)  # (n, V)
+            lp = self.runner.logits(hidden, q - start + offset).log_softmax(-1)  # (n, V)
             targets = torch.tensor([prompt[i + 1] for i in q.tolist()], device=lp.device)
             vals = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
             req.input_token_logprobs.extend(zip(vals, targets.tolist()))
@@ -419,7 +421,7 @@ class Scheduler:
         assert slots is not None, "decode room was ensured"
         rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
         kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.req_pool.req_to_token[rows.to(slots.device), kv_lens.to(slots.device)] = slots
+        self.req_pool.write_points(rows.to(slots.device), kv_lens.to(slots.device), slots)
         dev = self.runner.device
         fb = ForwardBatch(
             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=dev),
@@ -429,7 +431,6 @@ class Scheduler:
             prefix_lens=kv_lens.tolist(),
             extend_lens=[1] * len(reqs),
             req_to_token=self.req_pool.req_to_token,
-            kv_pool=self.kv_pool,
         )
         hidden = self._forward(fb, reqs)
         if hidden is None:
@@ -437,7 +438,7 @@ class Scheduler:
         self.counters.decode_steps += 1
         for r in reqs:
             r.kv_len += 1
-        self._sample_and_advance(list(reqs), hidden)
+        self._sample_and_advance(list(reqs), hidden, None)
         self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
 
     def _shared_prefix_len(self, rows: list[int], limit: int) -> int:
@@ -470,9 +471,11 @@ class Scheduler:
         self.events.emit("request", {"rid": req.rid, "state": "retracted"})
 
     # ---- sampling and finishing ------------------------------------------------------------------------
-    def _sample_and_advance(self, reqs: list[Req], hidden: torch.Tensor) -> None:
+    def _sample_and_advance(self, reqs: list[Req], hidden: Any, rows: list[int] | None) -> None:
+        """Sample the next token of each request from `rows` of the forward's hidden states (all when None)."""
         try:
-            out = sample(self.runner.logits(hidden), reqs, self.eos_ids, self.generator, self._grammar_mask(reqs))
+            out = sample(self.runner.logits(hidden, rows), reqs, self.eos_ids, self.generator,
+                         self._grammar_mask(reqs))
         except Exception as e:  # e.g. a penalty on a bad token id: fails this batch, not the engine
             for r in reqs:
                 self._fail(r, e)
@@ -627,7 +630,7 @@ class Scheduler:
             self.kv_pool.free(slots[req.cached_len: present].clone())
         match = self.tree.match_prefix(key)
         assert len(match.indices) == req.kv_len
-        self.req_pool.req_to_token[row, : req.kv_len] = match.indices
+        self.req_pool.write(row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)

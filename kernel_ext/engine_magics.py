@@ -38,7 +38,7 @@ def build_parser() -> MagicArgumentParser:
             for name, text in SUBCOMMANDS.items()}
     model = cmds["model"]
     model.usage = ("%(prog)s [MODEL] [--device cpu|cuda] [--dtype DTYPE] [--mem-fraction F] "
-                   "[--max-total-tokens N] [ENGINE OPTION ...]")
+                   "[--max-total-tokens N] [--tp N] [ENGINE OPTION ...]")
     model.add_argument("model", nargs="?", metavar="MODEL",
                        help="smollm2 (default), an HF-format directory, a .gguf file or dummy:<name>")
     model.add_argument("--mem-fraction", dest="mem_fraction_static", type=float, default=argparse.SUPPRESS,
@@ -103,7 +103,7 @@ class EngineMagics(Magics):
         t0 = time.perf_counter()
         runtime = self.session.load_model(model, **options)
         engine = runtime.engine
-        print(f"sgnb: {engine.model_name} on {engine.runner.device} loaded in {time.perf_counter() - t0:.1f} s "
+        print(f"sgnb: {engine.model_name} on {engine.runner.placement} loaded in {time.perf_counter() - t0:.1f} s "
               f"(KV pool {engine.runner.kv_pool.size} tokens); it is the default backend")
 
     def _backend(self, args: argparse.Namespace) -> None:
@@ -168,6 +168,7 @@ notebook (`fn.run()`) use the same default backend.
 Examples:
   %sgl model smollm2 --device cpu
   %sgl model /models/llama --device cuda --dtype bfloat16 --mem-fraction 0.8
+  %sgl model /models/llama-70b --device cuda --tp 4       # tensor parallel: one worker process per GPU
   %sgl backend http://localhost:30000
   %sgl tree
   %sgl serve --port 30000

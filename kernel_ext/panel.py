@@ -57,8 +57,8 @@ def current_engine() -> Any | None:
 def snapshot_json(max_nodes: int = MAX_NODES, collapsed: Iterable[int] = (), expanded: Iterable[int] = (),
                   selected: int | None = None) -> JsonText:
     """`snapshot()` of the current engine as a JSON string; {"engine": null, ...} when there is none. Its
-    "seconds" is what the call took: the panel waits 9x that between calls, so that its share of the GIL
-    (which the engine's scheduler thread needs too) stays under ~10% even for a huge tree."""
+    "seconds" is what the call took: the panel waits at least 49x that between calls, so that its share of
+    the GIL (which the engine's scheduler thread needs too) stays under 2% even for a huge tree."""
     t0 = time.perf_counter()
     snap = snapshot(None, max_nodes, collapsed, expanded, selected)
     snap["seconds"] = round(time.perf_counter() - t0, 6)
@@ -91,7 +91,7 @@ def snapshot(engine: Any | None = None, max_nodes: int = MAX_NODES, collapsed: I
         row.pop("key", None)
     stats = engine.get_stats()
     return {
-        "engine": {"model": engine.model_name, "device": str(engine.runner.device), "alive": engine.is_alive},
+        "engine": {"model": engine.model_name, "device": engine.runner.placement, "alive": engine.is_alive},
         "stats": stats,
         "history": memory.history(stats),
         "tree": {"nodes": rows, "summary": summary,

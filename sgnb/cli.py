@@ -20,8 +20,10 @@ from sgnb.engine.config import SCHEDULE_POLICIES, EngineConfig
 
 _NOT_OPTIONS = {"model_path", "extra"}
 # SGLang's flag spellings, accepted too
-_ALIASES = {"model_path": ["--model", "--model-path"]}
+_ALIASES = {"model_path": ["--model", "--model-path"], "tp_size": ["--tp-size", "--tp", "--tensor-parallel-size"]}
 _CHOICES: dict[str, Sequence[str]] = {"schedule_policy": SCHEDULE_POLICIES}
+_HELP = {"tp_size": "tensor parallelism: shard the model over N worker processes (one per GPU; gloo ranks on CPU) ",
+         "tp_workers": "run the model in a worker process even at tp size 1 "}
 
 
 def _field_type(f: dataclasses.Field) -> Callable[[str], Any]:
@@ -41,17 +43,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineConfig):
         if f.name in _NOT_OPTIONS:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = _ALIASES.get(f.name, ["--" + f.name.replace("_", "-")])
         default = f.default if f.default is not dataclasses.MISSING else None
         if str(f.type) == "bool":
             action = "store_true" if default is False else argparse.BooleanOptionalAction
-            group.add_argument(flag, dest=f.name, action=action, default=argparse.SUPPRESS,
-                               help=f"(default: {default})")
+            group.add_argument(*flags, dest=f.name, action=action, default=argparse.SUPPRESS,
+                               help=_HELP.get(f.name, "") + f"(default: {default})")
         else:
             choices = _CHOICES.get(f.name)
-            group.add_argument(flag, dest=f.name, type=_field_type(f), default=argparse.SUPPRESS, choices=choices,
+            group.add_argument(*flags, dest=f.name, type=_field_type(f), default=argparse.SUPPRESS, choices=choices,
                                metavar=f.name.upper(),
-                               help=(f"one of {', '.join(choices)} " if choices else "") + f"(default: {default})")
+                               help=(f"one of {', '.join(choices)} " if choices else "") + _HELP.get(f.name, "")
+                               + f"(default: {default})")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

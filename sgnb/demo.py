@@ -31,7 +31,7 @@ def text_demo() -> None:
 
     t0 = time.perf_counter()
     engine = Engine("smollm2")
-    print(f"loaded {engine.model_name} on {engine.runner.device} in {time.perf_counter() - t0:.1f} s "
+    print(f"loaded {engine.model_name} on {engine.runner.placement} in {time.perf_counter() - t0:.1f} s "
           f"(KV pool {engine.runner.kv_pool.size} tokens)\n")
 
     prompts = [f"{FEW_SHOT}Q: {q} A:" for q in QUESTIONS]

@@ -3,15 +3,24 @@
 RMSNorm, RoPE (incl. llama3 scaling), grouped-query attention, SwiGLU MLP, optional tied embeddings and q/k/v
 bias. Operates on flat token batches (T tokens from many requests); attention reads the KV pool.
 Weights use Hugging Face tensor names so an HF checkpoint loads as is.
+
+Tensor parallelism (one definition for every tp size): built with a `TPGroup`, each module holds its rank's
+shard (see `SHARDING`): q/k/v and gate/up are column-parallel (whole KV groups per rank, so attention needs no
+communication), o_proj and down_proj row-parallel (an all-reduce after each), the embedding and lm_head
+vocab-parallel. With the default single-rank group every shard is the whole tensor and the collectives are
+no-ops.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from sgnb.engine.forward_batch import ForwardBatch
 from sgnb.engine.model_config import ModelConfig
+from sgnb.engine.tensor_parallel import TPGroup
 from sgnb.kernels.attention import paged_attention_ref
 from sgnb.kernels.norm import rms_norm_ref
 from sgnb.kernels.rope import apply_rope_ref, rope_cos_sin, rope_inv_freq
@@ -27,11 +36,31 @@ class RMSNorm(nn.Module):
         return rms_norm_ref(x, self.weight, self.eps)
 
 
+# How each HF tensor is split across ranks: name suffix -> (dim, unit of ShardLayout). Others are replicated.
+SHARDING: dict[str, tuple[int, str]] = {
+    "self_attn.q_proj.weight": (0, "heads"), "self_attn.q_proj.bias": (0, "heads"),
+    "self_attn.k_proj.weight": (0, "kv_heads"), "self_attn.k_proj.bias": (0, "kv_heads"),
+    "self_attn.v_proj.weight": (0, "kv_heads"), "self_attn.v_proj.bias": (0, "kv_heads"),
+    "self_attn.o_proj.weight": (1, "heads"),
+    "mlp.gate_proj.weight": (0, "intermediate"), "mlp.up_proj.weight": (0, "intermediate"),
+    "mlp.down_proj.weight": (1, "intermediate"),
+    "model.embed_tokens.weight": (0, "vocab"), "lm_head.weight": (0, "vocab"),
+}
+
+
+def shard_of(name: str) -> tuple[int, str] | None:
+    """(dim, unit) along which tensor `name` is split, or None when every rank holds all of it."""
+    parts = name.split(".")
+    return SHARDING.get(".".join(parts[-3:])) or SHARDING.get(".".join(parts[-2:]))
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.tp = tp
+        # this rank's heads (all of them at tp size 1)
+        self.num_heads, self.num_kv_heads, self.head_dim = tp.layout.num_heads, tp.layout.num_kv_heads, cfg.head_dim
         self.scale = self.head_dim**-0.5
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
@@ -45,30 +74,51 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         q, k = apply_rope_ref(q, cos, sin), apply_rope_ref(k, cos, sin)
-        k_buf, v_buf = fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id]
+        kv = fb.kv_cache
+        assert kv is not None, "the runner attaches its KV storage to the batch"
+        k_buf, v_buf = kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id]
         k_buf[fb.out_cache_loc] = k.to(k_buf.dtype)
         v_buf[fb.out_cache_loc] = v.to(v_buf.dtype)
         o = paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
                                 fb.extend_lens, self.scale, fb.shared_len)  # (T, H, D)
-        return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
+        return self.tp.all_reduce(self.o_proj(o.reshape(T, self.num_heads * self.head_dim)))  # (T, hidden)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.tp = tp
+        inter = tp.layout.intermediate_size  # this rank's columns
+        self.gate_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.tp.all_reduce(self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding holding this rank's vocabulary rows; other ranks fill in the rest (all-reduce)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, self.end = tp.layout.vocab
+        self.weight = nn.Parameter(torch.empty(self.end - self.start, cfg.hidden_size))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return nn.functional.embedding(ids, self.weight)  # (T, hidden)
+        mine = (ids >= self.start) & (ids < self.end)  # (T,)
+        x = nn.functional.embedding((ids - self.start) * mine, self.weight) * mine.unsqueeze(1).to(self.weight.dtype)
+        return self.tp.all_reduce(x)  # (T, hidden)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, layer_id, tp)
+        self.mlp = MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -78,19 +128,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.embed_tokens = VocabEmbedding(cfg, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tp = tp or TPGroup.single(cfg)
+        self.model = LlamaModel(cfg, self.tp)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.tp.layout.vocab_size, bias=False)  # this rank's vocab rows
         self.max_positions = max_positions
         self.tie_weights()
         self.rope_cos: torch.Tensor | None = None  # set by setup_rope once weights are on their device
@@ -118,13 +169,25 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, hidden) -> (N, vocab) float32."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """(N, hidden) -> (N, vocab) float32; with tensor parallelism every rank must call it and only rank 0
+        gets the logits (the others get None)."""
+        return self.tp.gather_vocab(self.lm_head(hidden).float())
+
+    def shard_tensor(self, name: str, tensor: Any) -> torch.Tensor:
+        """This rank's part of the full HF tensor `name` (a tensor or a safetensors slice, which then reads
+        only that part). The whole tensor when the model is not sharded or the tensor is replicated."""
+        spec = shard_of(name) if self.tp.size > 1 else None
+        if spec is None:
+            return tensor[:] if not isinstance(tensor, torch.Tensor) else tensor
+        dim, unit = spec
+        start, end = self.tp.layout.span(unit, self.config.head_dim)
+        return tensor[start:end] if dim == 0 else tensor[:, start:end]
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
         """Adopt HF-named tensors (works on a model built on the meta device: no init, no copy when the
-        checkpoint already has the right dtype and device). Every parameter must be given; lm_head may be tied."""
+        checkpoint already has the right dtype and device). Every parameter must be given; lm_head may be tied.
+        A sharded model takes this rank's shards: `load_state_dict(source, ..., shard=model.shard_tensor)`."""
         own = dict(self.named_parameters())
         tied = self.config.tie_word_embeddings
         missing = [n for n in own if n not in state and not (n == "lm_head.weight" and tied)]

@@ -29,7 +29,7 @@ def _assert_pool_consistent(engine) -> None:
     assert slots.unique().numel() == slots.numel()
     assert 0 not in slots.tolist()
     # slot 0 pads batched gathers: it must stay zero (garbage there once leaked NaN into cascade attention)
-    assert all(not buf[0].any() for buf in (*pool.k_buffers, *pool.v_buffers))
+    assert all(not buf[0].any() for buf in (*pool.cache.k_buffers, *pool.cache.v_buffers))
 
 
 def test_prefill_logprobs_match_hf(engine, hf_logprobs):

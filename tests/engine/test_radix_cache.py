@@ -24,8 +24,7 @@ BIG = 1 << 30  # snapshot max_key: never truncate
 
 
 def make_pool(num_slots: int) -> KVPool:
-    return KVPool(num_slots, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32,
-                  device=torch.device("cpu"))
+    return KVPool(num_slots, device=torch.device("cpu"))  # slot ids only: the tree never reads K/V
 
 
 def slots(*xs: int) -> torch.Tensor:

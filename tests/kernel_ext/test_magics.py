@@ -329,3 +329,19 @@ def test_model_loads_replaces_and_unloads(ip, shared, capsys):
     assert "pinned" in capsys.readouterr().out and pinned.runtime is None
     session.close()  # what %unload_ext does: the engine %sgl model loaded is shut down
     assert not second.engine.is_alive and session.runtime is None
+
+
+def test_model_with_tensor_parallel_workers(ip, shared, capsys):
+    """`%sgl model M --tp N` runs the model in N worker processes; replacing the engine stops them."""
+    import psutil
+
+    ip.run_line_magic("sgl", "model dummy:tiny --device cpu --tp 2 --max-total-tokens 256")
+    session = get_session(ip)
+    engine = session.runtime.engine
+    assert engine.config.tp_size == 2 and len(engine.runner.worker_pids) == 2
+    assert "2 tensor-parallel workers" in capsys.readouterr().out
+    ip.run_cell_magic("sgl", "--no-widget -o tp_out", 's += "Hello"\ns += gen("x", max_tokens=3)\n')
+    assert engine.get_stats()["generated_tokens"] == 3 and isinstance(ip.user_ns["tp_out"]["x"], str)
+    pids = engine.runner.worker_pids
+    session.close()
+    assert not engine.is_alive and not any(psutil.pid_exists(p) for p in pids)
