@@ -6,7 +6,7 @@ STAMP := $(VENV)/.sgnb-installed
 CONSTRAINTS := $(VENV)/constraints.txt
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean-venv
+.PHONY: setup demo test lint bench bench-setup bench-gpu bench-extra clean-venv
 
 setup: $(STAMP)
 
@@ -35,7 +35,25 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.sgnb-bench-installed
+
+# the peers, for benchmarks only (llama-cpp-python compiles llama.cpp: ~7 minutes on 2 cores; never in tests)
+bench-setup: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) llama-cpp-python==0.3.36 guidance==0.3.1
+	touch $(BENCH_STAMP)
+
+# the suite: every workload on sgnb, its ablations and the peers; prints a table, writes benchmarks/results/<date>-cpu.json
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/bench_suite.py --scale cpu
+
+# the GPU variant of the suite (run on a GPU machine): benchmarks/results/<date>-gpu.json
+bench-gpu: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/bench_suite.py --scale gpu --systems sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward
+
+# the single-topic benchmarks of the engine, language and structured-output issues
+bench-extra: $(STAMP)
 	$(BIN)/python benchmarks/bench_shared_prefix.py
 	$(BIN)/python benchmarks/bench_interpreter.py
 	$(BIN)/python benchmarks/bench_json.py

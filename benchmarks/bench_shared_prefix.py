@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import device_name, matmul_peak_gflops, optimal_hit_rate, write_result  # noqa: E402
+from common import device_name, matmul_peak_gflops, model_params, optimal_hit_rate, write_result  # noqa: E402
 
 SUBJECTS = ["river", "mountain", "lantern", "violin", "glacier", "orchard", "comet", "harbor", "meadow", "falcon",
             "copper", "library", "canyon", "tulip", "engine", "island", "pepper", "thunder", "marble", "compass"]
@@ -109,11 +109,7 @@ def main() -> None:
     ids = [tokenizer.encode(p) for p in prompts]
     optimum = optimal_hit_rate(ids)
     peak = matmul_peak_gflops()
-    cfg = source.config
-    params = (cfg.num_hidden_layers * (cfg.hidden_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-                                       * cfg.head_dim + cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size
-                                       + 3 * cfg.hidden_size * cfg.intermediate_size)
-              + cfg.vocab_size * cfg.hidden_size)
+    params = model_params(source.config)
     print(f"{len(prompts)} requests, prompt {min(map(len, ids))}-{max(map(len, ids))} tokens, outputs "
           f"{min(out_lens)}-{max(out_lens)}, optimal hit rate {optimum:.4f}; fp32 GEMM peak {peak:.0f} GFLOP/s")
 

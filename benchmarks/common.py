@@ -49,6 +49,13 @@ def optimal_hit_rate(prompts: list[list[int]]) -> float:
     return max(total - distinct - forced, 0) / total
 
 
+def model_params(cfg) -> int:
+    """Parameters of a Llama-family model from its ModelConfig (embeddings once: the FLOPs of the head)."""
+    attn = cfg.hidden_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    attn += cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size
+    return cfg.num_hidden_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size) + cfg.vocab_size * cfg.hidden_size
+
+
 def matmul_peak_gflops(dtype_name: str = "float32", n: int = 1024, k: int = 576, m: int = 1536) -> float:
     """Measured GEMM throughput at the model's shapes: the compute ceiling for prefill on this machine."""
     import torch

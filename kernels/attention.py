@@ -93,6 +93,33 @@ def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.T
     return o1 * w1 + o2 * w2
 
 
+DECODE_CHUNK_SLOTS = 1 << 16  # padded (request, key) pairs gathered at once: bounds the temporary K/V copies
+
+
+def _decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                      req_pool_indices: list[int], start: int, lens: list[int],
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query per request (q: (B, H, D)) over that request's keys start .. start + lens[i], gathered into a
+    padded (B, S) batch: a few tensor ops for the whole batch instead of a handful per request. Returns
+    out (Hkv, G, B, D) normalized and lse (Hkv, G, B)."""
+    B, H, D = q.shape
+    Hkv = k_buf.shape[1]
+    G = H // Hkv
+    outs, lses = [], []
+    step = max(1, DECODE_CHUNK_SLOTS // max(lens))
+    for c in range(0, B, step):
+        own = torch.tensor(lens[c: c + step], device=q.device)  # (b,)
+        cols = start + torch.arange(int(own.max()), device=q.device)  # (S,)
+        visible = cols.unsqueeze(0) - start < own.unsqueeze(1)  # (b, S); padding reads slot 0 (zeros)
+        rows = torch.tensor(req_pool_indices[c: c + step], device=q.device)
+        idx = torch.where(visible, req_to_token[rows.unsqueeze(1), cols], 0)
+        k, v = k_buf[idx].permute(0, 2, 1, 3), v_buf[idx].permute(0, 2, 1, 3)  # (b, Hkv, S, D)
+        o, lse = _attend(q[c: c + step].view(-1, Hkv, G, 1, D), k, v, scale, visible[:, None, None, None, :])
+        outs.append(o.squeeze(3))  # (b, Hkv, G, D)
+        lses.append(lse.squeeze(3))  # (b, Hkv, G)
+    return torch.cat(outs).permute(1, 2, 0, 3), torch.cat(lses).permute(1, 2, 0)
+
+
 def _cascade_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, scale,
                        shared_len):
     T, H, D = q.shape
@@ -107,19 +134,8 @@ def _cascade_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_l
     o1, lse1 = _attend(qg, k, v, scale, None)  # (Hkv, G, T, D), (Hkv, G, T)
 
     if all(e == 1 for e in extend_lens):  # decode: each request's own keys, padded into one batch
-        B = T
-        own = torch.tensor([p + 1 - shared_len for p in prefix_lens], device=q.device)  # (B,)
-        S = int(own.max())
-        rows = torch.tensor(req_pool_indices, device=q.device)
-        idx = req_to_token[rows.unsqueeze(1), shared_len + torch.arange(S, device=q.device)]  # (B, S)
-        visible = torch.arange(S, device=q.device).unsqueeze(0) < own.unsqueeze(1)  # (B, S)
-        idx = torch.where(visible, idx, torch.zeros_like(idx))
-        k2 = k_buf[idx].permute(0, 2, 1, 3)  # (B, Hkv, S, D)
-        v2 = v_buf[idx].permute(0, 2, 1, 3)  # (B, Hkv, S, D)
-        q2 = q.view(B, Hkv, G, 1, D)  # (B, Hkv, G, 1, D)
-        o2, lse2 = _attend(q2, k2, v2, scale, visible[:, None, None, None, :])  # (B, Hkv, G, 1, D)
-        o2 = o2.squeeze(3).permute(1, 2, 0, 3)  # (Hkv, G, B, D)
-        lse2 = lse2.squeeze(3).permute(1, 2, 0)  # (Hkv, G, B)
+        o2, lse2 = _decode_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, shared_len,
+                                     [p + 1 - shared_len for p in prefix_lens], scale)
     else:  # extend: per request, causal over its own keys after the shared prefix
         o2 = torch.empty_like(o1)
         lse2 = torch.empty_like(lse1)

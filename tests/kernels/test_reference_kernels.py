@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import sgnb.kernels.attention as attention
 from sgnb.kernels.attention import dense_causal_attention_ref, paged_attention_ref
 from sgnb.kernels.norm import rms_norm_ref
 from sgnb.kernels.rope import apply_rope_ref, rope_cos_sin, rope_inv_freq
@@ -38,7 +39,7 @@ def test_paged_attention_equals_dense(H, Hkv):
 
 @pytest.mark.parametrize("decode", [True, False])
 @pytest.mark.parametrize(("H", "Hkv"), [(4, 4), (9, 3)])
-def test_cascade_attention_equals_plain(H, Hkv, decode):
+def test_cascade_attention_equals_plain(H, Hkv, decode, monkeypatch):
     """A batch sharing its first slots: the shared-prefix (cascade) path equals per-request attention."""
     g = torch.Generator().manual_seed(7 + H)
     D, S, shared = 16, 400, 37
@@ -57,6 +58,10 @@ def test_cascade_attention_equals_plain(H, Hkv, decode):
     args = (q, k_buf, v_buf, req_to_token, list(range(len(seqs))), [p for p, _ in seqs], [e for _, e in seqs], D**-0.5)
     torch.testing.assert_close(paged_attention_ref(*args, shared_len=shared), paged_attention_ref(*args),
                                atol=1e-5, rtol=1e-5)
+    if decode:  # the padded decode batch split into chunks of one request gives the same
+        monkeypatch.setattr(attention, "DECODE_CHUNK_SLOTS", 1)
+        torch.testing.assert_close(paged_attention_ref(*args, shared_len=shared), paged_attention_ref(*args),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_rope_matches_transformers():

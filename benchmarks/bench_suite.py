@@ -1,0 +1,325 @@
+"""The benchmark suite: the paper's LM-program workloads on sgnb, its ablations and the peers, in one run.
+
+    python benchmarks/bench_suite.py [--scale cpu|gpu] [--workloads mmlu,react] [--systems sgnb,llama.cpp]
+
+Every (workload, system) pair runs in a fresh child process (so peak memory is its own and nothing is shared
+but the disk cache of the converted model), the same program with the same arguments through an sgnb backend
+(benchmarks/peers.py for the peers). The parent prints a table and writes results/<date>-<scale>.json.
+A system that cannot express a workload is listed with the reason and not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import RESULTS, commit, device_name, matmul_peak_gflops, model_params, optimal_hit_rate  # noqa: E402
+
+# system -> how to build it. "only_constrained": the ablation changes nothing elsewhere (said in the output).
+SYSTEMS: dict[str, dict] = {
+    "sgnb": {"kind": "sgnb", "engine": {}},
+    "sgnb-no-radix": {"kind": "sgnb", "engine": {"disable_radix_cache": True}},
+    "sgnb-fcfs": {"kind": "sgnb", "engine": {"schedule_policy": "fcfs"}},
+    "sgnb-no-hints": {"kind": "sgnb", "engine": {}, "hints": False},
+    "sgnb-no-jump-forward": {"kind": "sgnb", "engine": {"disable_jump_forward": True}, "only_constrained": True},
+    "hf-transformers": {"kind": "peer"},
+    "llama.cpp": {"kind": "peer", "sequential": True},
+    "guidance": {"kind": "peer", "sequential": True},
+}
+PROGRAM_TARGET_WORKLOADS = ("mmlu", "mmlu_select", "hellaswag", "tree_of_thought", "skeleton_of_thought",
+                            "llm_judge", "react")
+JSON_WORKLOADS = ("json_regex", "json_jump_forward")
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+# ---- child: one workload on one system --------------------------------------------------------------------------
+def run_child(workload: str, system: str, scale: str, model: str, limit: int | None = None) -> dict:
+    import threading
+
+    from workloads import build
+
+    from sgnb.engine.model_loader import resolve_model
+
+    wl = build(workload, scale)
+    if limit:
+        wl.args = wl.args[:limit]
+    spec = SYSTEMS[system]
+    source = resolve_model(model)
+    prompts: list[list[int]] = []
+    engine = None
+    if spec["kind"] == "sgnb":
+        import sgnb
+
+        backend = sgnb.Runtime(model, **spec["engine"])
+        engine = backend.engine
+    else:
+        from peers import SYSTEMS_PEERS, LlamaCpp
+
+        cls = SYSTEMS_PEERS[system]
+        backend = cls(source, logits_all=wl.has_select) if cls is LlamaCpp else cls(source)
+
+    # warm up (first-call costs: thread pools, graph setup), then start clean
+    from sgnb.backends.base import GenContext
+    from sgnb.sampling import GenParams
+
+    backend.generate(GenContext(text="Hello, how are", messages=[], rid="warmup"),
+                     GenParams.build(max_new_tokens=2, temperature=0.0))
+    if engine is not None:
+        engine.flush_cache()
+        before = engine.get_stats()
+
+        def on_event(e: dict) -> None:
+            if e.get("type") == "request" and e.get("state") == "queued" and "input_ids" in e:
+                prompts.append(list(e["input_ids"]))
+
+        engine.events.subscribe(on_event)
+    if hasattr(backend, "counters"):
+        backend.counters.clear()
+
+    started: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def on_program(e: dict) -> None:  # a root program's first event and its end: its latency
+        if e.get("parent") is not None:
+            return
+        now = time.perf_counter()
+        with lock:
+            started.setdefault(e["program"], now)
+            if e.get("type") == "end":
+                ended[e["program"]] = now
+
+    threads = 1 if spec.get("sequential") else "auto"
+    t0 = time.perf_counter()
+    states = wl.program.run_batch(wl.args, backend=backend, temperature=0.0, num_threads=threads,
+                                  frontend_hints=spec.get("hints", True), subscribers=[on_program])
+    wall = time.perf_counter() - t0
+    errors = [repr(st.error()) for st in states if st.error() is not None]
+
+    if engine is not None:
+        after = engine.get_stats()
+        d = {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens",
+                                               "decode_steps")}
+        result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
+                  "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
+                  "cache_hit_rate": d["cached_tokens"] / max(d["prompt_tokens"], 1),
+                  "optimal_cache_hit_rate": optimal_hit_rate(prompts) if prompts else None}
+    else:
+        c = backend.counters
+        result = {"prompt_tokens": c["prompt_tokens"], "generated_tokens": c["generated_tokens"],
+                  "prompt_tokens_computed": c.get("prompt_tokens_computed"), "decode_steps": c.get("decode_steps"),
+                  "cache_hit_rate": (1 - c["prompt_tokens_computed"] / c["prompt_tokens"])
+                  if "prompt_tokens_computed" in c and c["prompt_tokens"] else None,
+                  "optimal_cache_hit_rate": None}
+        if system == "guidance":  # guidance does not report what its cache served
+            result["cache_hit_rate"] = None
+    backend.shutdown()
+    lat = [ended[p] - started[p] for p in ended]
+    peak_gpu = None
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():
+            peak_gpu = torch.cuda.max_memory_allocated() / 2**20
+    return {"workload": workload, "system": system, "programs": len(states), "errors": len(errors),
+            "first_error": errors[0] if errors else None, "wall_s": wall,
+            "programs_per_s": (len(states) - len(errors)) / wall,
+            "tokens_per_s": (result["prompt_tokens"] + result["generated_tokens"]) / wall,
+            "output_tokens_per_s": result["generated_tokens"] / wall,
+            "latency_p50_s": percentile(lat, 0.5), "latency_p99_s": percentile(lat, 0.99),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_gpu_mb": peak_gpu,
+            **result, "answers": [_answers(st) for st in states]}
+
+
+def _answers(state) -> dict:
+    try:
+        return {k: str(v) for k, v in state.variables().items()}
+    except Exception:
+        return {}
+
+
+# ---- parent: run everything, print the table, write JSON -----------------------------------------------------
+def run_pair(workload: str, system: str, args) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", workload, system, "--scale", args.scale,
+           "--model", args.model] + (["--limit", str(args.limit)] if args.limit else [])
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "system": system, "status": f"timeout after {args.timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"workload": workload, "system": system, "status": f"failed (rc {proc.returncode}): {' | '.join(tail)}"}
+    out = json.loads(lines[-1])
+    out["status"] = "ok" if not out["errors"] else f"{out['errors']} programs failed: {out['first_error']}"
+    out["child_s"] = time.perf_counter() - t0
+    return out
+
+
+def agreement(answers: list[dict], reference: list[dict]) -> float | None:
+    """Share of (program, variable) values equal to sgnb's: near-ties and fp32 vs Q4_1 weights make some differ."""
+    pairs = [(a.get(k), v) for a, r in zip(answers, reference) for k, v in r.items()]
+    return sum(x == y for x, y in pairs) / len(pairs) if pairs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--workloads", default="all")
+    ap.add_argument("--systems", default="all")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--limit", type=int, default=None, help="run only the first N programs of each workload")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per (workload, system) child")
+    ap.add_argument("--out", default=None, help="JSON path (default results/<date>-<scale>.json)")
+    ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit)), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # skip interpreter teardown: peers' native threads may abort there, after the result is out
+
+    from workloads import WORKLOADS, build
+
+    names = list(WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
+    systems = list(SYSTEMS) if args.systems == "all" else args.systems.split(",")
+    unknown = [s for s in systems if s not in SYSTEMS] + [w for w in names if w not in WORKLOADS]
+    if unknown:
+        sys.exit(f"unknown system(s)/workload(s) {unknown}; systems: {list(SYSTEMS)}; workloads: {list(WORKLOADS)}")
+    peers_missing = _missing_peers(systems)
+    peak = matmul_peak_gflops()
+    from sgnb.engine.model_loader import resolve_model
+
+    cfg = resolve_model(args.model).config
+    params = model_params(cfg)
+    rows, skipped = [], []
+    t_start = time.perf_counter()
+    for name in names:
+        wl = build(name, args.scale)
+        if args.limit:
+            wl.args = wl.args[: args.limit]
+        print(f"\n== {name}: {wl.description} ({len(wl.args)} programs)", flush=True)
+        results: dict[str, dict] = {}
+        for system in systems:
+            spec = SYSTEMS[system]
+            why = wl.cannot.get(system) or peers_missing.get(system)
+            if spec.get("only_constrained") and not wl.constrained:
+                why = "no constrained gens: identical to sgnb"
+            if why:
+                skipped.append({"workload": name, "system": system, "reason": why})
+                print(f"   {system:<22} not run: {why}", flush=True)
+                continue
+            r = run_pair(name, system, args)
+            results[system] = r
+            if r["status"].startswith(("failed", "timeout")):
+                print(f"   {system:<22} {r['status']}", flush=True)
+            else:
+                print(f"   {system:<22} {r['wall_s']:8.2f} s  {r['programs_per_s']:8.3f} programs/s  "
+                      f"hit {_fmt(r.get('cache_hit_rate'))}  {r['status'] if r['status'] != 'ok' else ''}", flush=True)
+        rows += _rows(name, results, peak, params)
+    total = time.perf_counter() - t_start
+    ratios, targets = _ratios(rows)
+    _print_table(rows)
+    print("\nratios:", json.dumps(ratios, indent=1))
+    print("targets:", json.dumps(targets, indent=1))
+    date = _dt.date.today().isoformat()
+    path = Path(args.out) if args.out else RESULTS / f"{date}-{args.scale}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"device": device_name(), "model": args.model, "commit": commit(), "date": date, "scale": args.scale,
+               "fp32_gemm_gflops": peak, "model_params": params, "suite_seconds": total, "workloads": rows,
+               "not_run": skipped, "ratios": ratios, "targets": targets}
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"\nwrote {path} ({total / 60:.1f} min)")
+
+
+def _missing_peers(systems: list[str]) -> dict[str, str]:
+    import importlib.util
+
+    need = {"llama.cpp": "llama_cpp", "guidance": "guidance"}
+    return {s: f"{mod} is not installed (make bench-setup installs it)" for s, mod in need.items()
+            if s in systems and importlib.util.find_spec(mod) is None}
+
+
+def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) -> list[dict]:
+    base = results.get("sgnb")
+    optimum = base.get("optimal_cache_hit_rate") if base and base.get("status") == "ok" else None
+    rows = []
+    for system, r in results.items():
+        row = {"name": name, "system": system, "status": r["status"]}
+        if "programs_per_s" in r:
+            row.update({k: r.get(k) for k in (
+                "programs", "wall_s", "programs_per_s", "tokens_per_s", "output_tokens_per_s", "latency_p50_s",
+                "latency_p99_s", "cache_hit_rate", "prompt_tokens", "prompt_tokens_computed", "generated_tokens",
+                "decode_steps", "peak_rss_mb", "peak_gpu_mb")})
+            row["optimal_cache_hit_rate"] = optimum
+            if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
+                row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]
+            if base and base.get("programs_per_s") and system != "sgnb":
+                row["sgnb_speedup"] = base["programs_per_s"] / r["programs_per_s"] if r["programs_per_s"] else None
+                row["agreement_with_sgnb"] = agreement(r["answers"], base["answers"])
+            if system == "sgnb" and params and optimum is not None:
+                # compute floor: the prompt tokens that must be computed plus the outputs, 2 FLOPs per parameter
+                must = (1 - optimum) * r["prompt_tokens"] + r["generated_tokens"]
+                row["compute_floor_s"] = must * 2 * params / (peak * 1e9)
+        rows.append(row)
+    return rows
+
+
+def _ratios(rows: list[dict]) -> tuple[dict, dict]:
+    by = {(r["name"], r["system"]): r for r in rows if r.get("programs_per_s")}
+    ratios, targets = {}, {}
+    for (name, system), r in by.items():
+        if system == "sgnb" and r.get("optimal_cache_hit_rate"):
+            ratios[f"{name}: hit/optimal"] = r["cache_hit_rate"] / r["optimal_cache_hit_rate"]
+            targets[f"{name}: hit rate >= 96% of optimal"] = ratios[f"{name}: hit/optimal"] >= 0.96
+        if system != "sgnb" and r.get("sgnb_speedup"):
+            ratios[f"{name}: sgnb/{system}"] = r["sgnb_speedup"]
+    for name in PROGRAM_TARGET_WORKLOADS:
+        for peer, target in (("llama.cpp", 2.0), ("hf-transformers", 5.0)):
+            k = f"{name}: sgnb/{peer}"
+            if k in ratios:
+                targets[f"{k} >= {target}"] = ratios[k] >= target
+    for name in JSON_WORKLOADS:
+        k = f"{name}: sgnb/sgnb-no-jump-forward"
+        if k in ratios:
+            targets[f"{k} >= 1.6"] = ratios[k] >= 1.6
+    return ratios, targets
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_table(rows: list[dict]) -> None:
+    head = (f"{'workload':<20}{'system':<22}{'prog/s':>9}{'tok/s':>8}{'out tok/s':>10}{'p50 s':>8}{'p99 s':>8}"
+            f"{'hit':>7}{'optimum':>8}{'steps':>7}{'peak MB':>8}{'sgnb x':>8}{'agree':>7}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        if "programs_per_s" not in r:
+            print(f"{r['name']:<20}{r['system']:<22}{r['status']}")
+            continue
+        print(f"{r['name']:<20}{r['system']:<22}{_fmt(r['programs_per_s'], '.3f'):>9}{_fmt(r['tokens_per_s'], '.0f'):>8}"
+              f"{_fmt(r['output_tokens_per_s'], '.1f'):>10}{_fmt(r['latency_p50_s'], '.2f'):>8}"
+              f"{_fmt(r['latency_p99_s'], '.2f'):>8}{_fmt(r['cache_hit_rate'], '.3f'):>7}"
+              f"{_fmt(r['optimal_cache_hit_rate'], '.3f'):>8}{_fmt(r['decode_steps'], 'd'):>7}"
+              f"{_fmt(r['peak_rss_mb'], '.0f'):>8}{_fmt(r.get('sgnb_speedup'), '.2f'):>8}"
+              f"{_fmt(r.get('agreement_with_sgnb'), '.2f'):>7}")
+
+
+if __name__ == "__main__":
+    main()
