@@ -1,10 +1,11 @@
 """RadixTreeView: the engine's radix tree, live.
 
 Cheap for the engine by construction: the callback the engine calls on its scheduler thread is a deque's own
-`append` (a C call, no Python frame). A Ticker thread drains the deque at <= 20 Hz, keeps a mirror of the tree
-from the events (insert/split/evict/lock/hit/reset), decodes the text of nodes it shows, aggregates small
-subtrees into "+N nodes" groups so the frontend never gets more than about `max_nodes` rows, and syncs them in
-one `hold_sync` message. A full snapshot is read only on attach and when the event stream has a gap.
+`append` (a C call, no Python frame). A Ticker thread drains the deque at <= 20 Hz (less often when the tree
+is so large that a tick is slow: the thread keeps under `Ticker.max_share`, 2%, of the CPU), keeps a mirror of
+the tree from the events (insert/split/evict/lock/hit/reset), decodes the text of nodes it shows, aggregates
+small subtrees into "+N nodes" groups so the frontend never gets more than about `max_nodes` rows, and syncs
+them in one `hold_sync` message. A full snapshot is read only on attach and when the event stream has a gap.
 
 Colours follow the SGLang paper's figure: green = inserted, blue = hit, in the latest `highlight_seconds` of
 engine activity (measured on the events' clock, so an idle tree keeps the colours of its last step); red =
@@ -64,7 +65,7 @@ class RadixTreeView(anywidget.AnyWidget):
 
     _esm = bundle("radix_tree.js")
 
-    nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
+    nodes = traitlets.List().tag(sync=True)  # rows as layout() builds them: validating each row is waste
     summary = traitlets.Dict().tag(sync=True)
     collapsed = traitlets.List().tag(sync=True)
     expanded = traitlets.List().tag(sync=True)

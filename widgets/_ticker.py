@@ -16,10 +16,14 @@ class Ticker:
     """Calls `tick()` on a daemon thread every `interval` seconds until `stop()`.
 
     `tick` returns True when it did work. With `idle_stop`, the thread ends after that many seconds without
-    work and `start()` (cheap when running) brings it back, so a finished ProgramView holds no thread. The wait
-    between ticks stretches to 9x the last tick's duration, so a view's share of the GIL stays under ~10% even
-    when a tick is slow (a very large tree), which bounds what it can take from the engine's scheduler thread.
+    work and `start()` (cheap when running) brings it back, so a finished ProgramView holds no thread.
+
+    The wait after a tick stretches so that the thread's CPU time stays under `max_share` of the time that
+    passes, however slow a tick gets (a large tree): a tick holds the GIL, which a Python-bound engine's
+    scheduler thread needs to launch every step, so a view can slow the engine by about that share at most.
     """
+
+    max_share = 0.02  # of the process's time (in practice: of the GIL) one view's thread may take
 
     def __init__(self, tick: Callable[[], bool], interval: float, name: str,
                  idle_stop: float | None = None) -> None:
@@ -29,6 +33,7 @@ class Ticker:
         self.idle_stop = idle_stop
         self.ticks = 0
         self.cpu_seconds = 0.0  # CPU time the thread spent in tick(): what a view takes from its process
+        self.wall_seconds = 0.0  # wall time in tick(), waits for the GIL included
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -62,10 +67,11 @@ class Ticker:
             except Exception:  # a broken view must not die silently nor take its feeder with it
                 log.exception("%s: tick failed", self.name)
                 worked = False
-            now = time.monotonic()
-            self.cpu_seconds += time.thread_time() - c0
+            now, cpu = time.monotonic(), time.thread_time() - c0
+            self.cpu_seconds += cpu
+            self.wall_seconds += now - t0
             self.ticks += 1
-            wait = max(self.interval, 9 * (now - t0))
+            wait = max(self.interval, cpu * (1 / self.max_share - 1))
             if worked:
                 last_work = now
                 continue

@@ -3,7 +3,8 @@
  * JupyterLab side panel: a plain ES module with no imports and no dependencies.
  *
  *   import { drawTree } from "./radix_tree_draw.js";
- *   const handle = drawTree(container, state, callbacks);  // first call builds the DOM inside `container`
+ *   const handle = drawTree(container, state, callbacks, options);  // the first call builds the DOM inside
+ *                                                          // `container` (and reads `options`)
  *   drawTree(container, nextState, callbacks);             // later calls update it; many calls in one frame
  *                                                          // are coalesced into one requestAnimationFrame
  *   handle.destroy();                                      // removes what it added and cancels a pending frame
@@ -37,6 +38,18 @@
  * }
  * Without callbacks the drawing still folds and selects on its own (e.g. a saved notebook with no kernel).
  *
+ * options = {               read once, when the first call builds the view; all optional
+ *   fit: false,             "fit width" starts on: when the tree's columns (one per level, 210px each) are
+ *                           wider than the scroll box, it is drawn as an outline instead (one row per node,
+ *                           a narrow indent per level, boxes as wide as what is left, labels cut to fit);
+ *                           only a tree too deep even for that scrolls sideways. Redrawn on a resize.
+ *   follow: false,          "follow newest" starts on: whenever a newer node appears (node ids grow with
+ *                           every insert and split), it is scrolled into view and outlined with dashes
+ *   controls: true,         show the two toggles in the header (the user can flip them either way)
+ * }
+ * The root element's data-layout ("columns" | "outline") and data-newest (the newest node's id) say what
+ * was drawn.
+ *
  * Colours follow the SGLang paper's figure: green = newly inserted, blue = hit in the latest step, red =
  * evicted (fading out). A padlock and a thick border mark nodes in use. All text goes in through textContent, never innerHTML.
  */
@@ -48,6 +61,11 @@ const BOX_H = 36;
 const GAP_X = 34;
 const GAP_Y = 8;
 const LABEL_CHARS = 26;
+const OUTLINE_ROW_H = BOX_H + 4;
+const OUTLINE_MIN_BOX_W = 120; // narrower boxes than this scroll sideways instead
+const INDENT_MIN = 8;
+const INDENT_MAX = 22;
+const CHAR_W = 6.4; // average width of an 11px label character, for cutting labels to a box
 
 const TREE_CSS = `
 .sgnb-rt { font: 12px var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
@@ -55,8 +73,11 @@ const TREE_CSS = `
 .sgnb-rt-sum { font-weight: 600; }
 .sgnb-rt-legend span { display: inline-flex; align-items: center; gap: 4px; margin-right: 10px; }
 .sgnb-rt-legend i { width: 11px; height: 11px; border-radius: 2px; display: inline-block; border: 1px solid; }
+.sgnb-rt-ctl { display: inline-flex; gap: 10px; color: var(--jp-ui-font-color2, #666); }
+.sgnb-rt-ctl label { display: inline-flex; align-items: center; gap: 3px; cursor: pointer; }
+.sgnb-rt-ctl input { margin: 0; }
 .sgnb-rt-scroll { max-height: 460px; overflow: auto; border: 1px solid var(--jp-border-color2, #ddd);
-  border-radius: 4px; background: var(--jp-layout-color0, #fff); }
+  border-radius: 4px; background: var(--jp-layout-color0, #fff); scrollbar-gutter: stable; }
 .sgnb-rt svg { display: block; }
 .sgnb-rt-edges { fill: none; stroke: #9aa0a6; stroke-width: 1.2; }
 .sgnb-rt-node { cursor: pointer; }
@@ -71,6 +92,7 @@ const TREE_CSS = `
 .sgnb-rt-node.root rect.box { fill: #eceff3; }
 .sgnb-rt-node.group rect.box { fill: #fafafa; stroke-dasharray: 4 3; }
 .sgnb-rt-node.selected rect.box { stroke: #9a32cd; stroke-width: 3; }
+.sgnb-rt.following .sgnb-rt-node.newest rect.box { stroke-dasharray: 5 2; stroke-width: 2.2; }
 .sgnb-rt-node .fold { fill: #fff; stroke: #8a9099; }
 .sgnb-rt-node text.foldmark { font-size: 11px; font-weight: 700; }
 @keyframes sgnb-rt-fade { from { opacity: 1; } to { opacity: 0.3; } }
@@ -102,14 +124,26 @@ function htmlEl(tag, cls, parent, text) {
 /** A label for a node's text: whitespace made visible, cut to `n` characters. */
 export function shortText(text, n = LABEL_CHARS) {
   const s = String(text ?? "").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
-  return s.length > n ? s.slice(0, n - 1) + "…" : s;
+  return s.length > n ? s.slice(0, Math.max(n - 1, 0)) + "…" : s;
 }
 
 function plural(n, word) {
-  return `${n} ${word}${n === 1 ? "" : "s"}`;
+  return `${n} ${word}${n === 1 ? "" : /(ch|sh|s|x)$/.test(word) ? "es" : "s"}`;
 }
 
-function createTreeView(container) {
+function toggle(parent, name, label, on, onChange) {
+  const item = htmlEl("label", null, parent);
+  const box = htmlEl("input", null, item);
+  box.type = "checkbox";
+  box.name = name;
+  box.checked = on;
+  box.addEventListener("change", () => onChange(box.checked));
+  htmlEl("span", null, item, label);
+  return box;
+}
+
+function createTreeView(container, options) {
+  const opts = options || {};
   const root = htmlEl("div", "sgnb-rt", container);
   htmlEl("style", null, root, TREE_CSS);
   const head = htmlEl("div", "sgnb-rt-head", root);
@@ -128,6 +162,8 @@ function createTreeView(container) {
   lockSwatch.style.borderWidth = "2.5px";
   lockSwatch.style.borderColor = "#444";
   htmlEl("span", null, inUse, "in use (locked)");
+  const ctl = htmlEl("span", "sgnb-rt-ctl", head);
+  if (opts.controls === false) ctl.style.display = "none";
   const scroll = htmlEl("div", "sgnb-rt-scroll", root);
   const svg = svgEl("svg", { width: 10, height: 10 }, scroll);
   const edges = svgEl("path", { class: "sgnb-rt-edges", d: "" }, svg);
@@ -135,14 +171,32 @@ function createTreeView(container) {
   const empty = htmlEl("div", "sgnb-rt-empty", scroll, "");
   const details = htmlEl("div", "sgnb-rt-details", root);
   const view = {
-    container, root, sum, svg, edges, layer, empty, details,
+    container, root, sum, scroll, svg, edges, layer, empty, details,
     els: new Map(), state: { nodes: [] }, callbacks: {}, frame: 0,
     localCollapsed: null, localSelected: undefined,
+    fit: !!opts.fit, follow: !!opts.follow, followed: null, shape: "", width: 0, resize: null,
   };
+  toggle(ctl, "fit", "fit width", view.fit, (on) => {
+    view.fit = on;
+    schedule(view);
+  });
+  toggle(ctl, "follow", "follow newest", view.follow, (on) => {
+    view.follow = on;
+    view.followed = null; // bring the newest node into view now
+    schedule(view);
+  });
+  if (typeof ResizeObserver === "function") {
+    // the outline is cut to the box's width: draw again when it changes (a panel resized, a scrollbar came)
+    view.resize = new ResizeObserver(() => {
+      if (view.fit && scroll.clientWidth !== view.width) schedule(view);
+    });
+    view.resize.observe(scroll);
+  }
   view.handle = {
     destroy() {
       if (view.frame) cancelFrame(view.frame);
       view.frame = 0;
+      if (view.resize) view.resize.disconnect();
       root.remove();
       TREE_VIEWS.delete(container);
     },
@@ -154,10 +208,10 @@ const requestFrame = (cb) => (typeof requestAnimationFrame === "function" ? requ
 const cancelFrame = (h) => (typeof cancelAnimationFrame === "function" ? cancelAnimationFrame(h) : clearTimeout(h));
 
 /** Draw (or update) the tree in `container`; see the top of this file for `state` and `callbacks`. */
-export function drawTree(container, state, callbacks = {}) {
+export function drawTree(container, state, callbacks = {}, options = {}) {
   let view = TREE_VIEWS.get(container);
   if (!view) {
-    view = createTreeView(container);
+    view = createTreeView(container, options);
     TREE_VIEWS.set(container, view);
   }
   view.state = state || { nodes: [] };
@@ -206,8 +260,7 @@ function onGroup(view, parentId) {
   if (view.callbacks.expandGroup) view.callbacks.expandGroup(parentId);
 }
 
-/** Positions: x by depth, y by leaf order, a parent centred on its children. Folded subtrees are skipped. */
-function layoutTree(rows, collapsed) {
+function childrenOf(rows) {
   const kids = new Map();
   let rootRow = null;
   for (const r of rows) {
@@ -218,6 +271,12 @@ function layoutTree(rows, collapsed) {
     if (!kids.has(r.parent)) kids.set(r.parent, []);
     kids.get(r.parent).push(r);
   }
+  return { kids, rootRow };
+}
+
+/** Positions: x by depth, y by leaf order, a parent centred on its children. Folded subtrees are skipped. */
+function layoutTree(rows, collapsed) {
+  const { kids, rootRow } = childrenOf(rows);
   const pos = new Map();
   if (!rootRow) return { pos, depth: 0, slots: 0 };
   let slot = 0;
@@ -245,6 +304,71 @@ function layoutTree(rows, collapsed) {
   return { pos, depth: maxDepth, slots: slot };
 }
 
+/** Outline positions: one row per node in pre-order (a "+N nodes" group after its shown siblings), x by
+ * depth. Folded subtrees are skipped. */
+function layoutOutline(rows, collapsed) {
+  const { kids, rootRow } = childrenOf(rows);
+  const pos = new Map();
+  if (!rootRow) return { pos, depth: 0, slots: 0 };
+  let slot = 0;
+  let maxDepth = 0;
+  const stack = [[rootRow, 0]];
+  while (stack.length) {
+    const [row, depth] = stack.pop();
+    maxDepth = Math.max(maxDepth, depth);
+    pos.set(row.id, { x: depth, y: slot++, row });
+    if (collapsed.has(row.id)) continue;
+    const children = kids.get(row.id) || [];
+    const ordered = [...children.filter((c) => !c.group), ...children.filter((c) => c.group)];
+    for (let i = ordered.length - 1; i >= 0; i--) stack.push([ordered[i], depth + 1]);
+  }
+  return { pos, depth: maxDepth, slots: slot };
+}
+
+/** Where each row goes: in columns when they fit in `avail` pixels or `fit` is off, else in an outline whose
+ * indent shrinks with the depth. Returns { mode, boxes: Map id -> {px, py, w, p}, width, height,
+ * edge(parentBox, childBox, parentRow) -> SVG path }. */
+function arrange(rows, collapsed, fit, avail) {
+  const cols = layoutTree(rows, collapsed);
+  const colW = BOX_W + GAP_X;
+  const colsWidth = (cols.depth + 1) * colW + 16;
+  if (!fit || !(avail > 0) || colsWidth <= avail) {
+    const rowH = BOX_H + GAP_Y;
+    const boxes = new Map();
+    for (const [id, p] of cols.pos) boxes.set(id, { px: 6 + p.x * colW, py: 4 + p.y * rowH, w: BOX_W, p });
+    return {
+      mode: "columns", boxes, width: colsWidth, height: Math.max(cols.slots, 1) * rowH + 8,
+      edge(a, b, parentRow) {
+        const x0 = a.px + BOX_W + (parentRow.kids ? 8 : 0);
+        const y0 = a.py + BOX_H / 2;
+        const y1 = b.py + BOX_H / 2;
+        const xm = (x0 + b.px) / 2;
+        return `M${x0},${y0}C${xm},${y0} ${xm},${y1} ${b.px},${y1}`;
+      },
+    };
+  }
+  const out = layoutOutline(rows, collapsed);
+  const room = avail - 12; // 6px margins
+  const indent = Math.max(INDENT_MIN, Math.min(INDENT_MAX,
+    Math.floor((room - OUTLINE_MIN_BOX_W) / Math.max(out.depth, 1))));
+  const boxes = new Map();
+  let width = 0;
+  for (const [id, p] of out.pos) {
+    const px = 6 + p.x * indent;
+    const w = Math.max(OUTLINE_MIN_BOX_W, 6 + room - px);
+    boxes.set(id, { px, py: 4 + p.y * OUTLINE_ROW_H, w, p });
+    width = Math.max(width, px + w + 6);
+  }
+  return {
+    mode: "outline", boxes, width, // = avail, unless the deepest boxes hit their minimum width
+    height: Math.max(out.slots, 1) * OUTLINE_ROW_H + 8,
+    edge(a, b) {
+      const x = a.px + Math.floor(indent / 2); // a vertical from under the parent, then across to the child
+      return `M${x},${a.py + BOX_H}V${b.py + BOX_H / 2}H${b.px}`;
+    },
+  };
+}
+
 function nodeElements(view, id) {
   let e = view.els.get(id);
   if (e) return e;
@@ -253,13 +377,13 @@ function nodeElements(view, id) {
   const rect = svgEl("rect", { class: "box", width: BOX_W, height: BOX_H }, g);
   const t1 = svgEl("text", { x: 7, y: 15 }, g);
   const t2 = svgEl("text", { class: "sub", x: 7, y: 29 }, g);
-  const lock = svgEl("g", { class: "lock", transform: `translate(${BOX_W - 16},5)` }, g);
+  const lock = svgEl("g", { class: "lock" }, g);
   svgEl("path", { d: "M2.5,5 V3.5 a3,3 0 0 1 6,0 V5", fill: "none", stroke: "#444", "stroke-width": 1.4 }, lock);
   svgEl("rect", { x: 0.5, y: 5, width: 10, height: 7.5, rx: 1.5, fill: "#444" }, lock);
-  const fold = svgEl("g", { transform: `translate(${BOX_W + 1},${BOX_H / 2})` }, g);
+  const fold = svgEl("g", {}, g);
   svgEl("circle", { class: "fold", r: 7 }, fold);
   const foldMark = svgEl("text", { class: "foldmark", x: -3.5, y: 4 }, fold);
-  e = { g, title, rect, t1, t2, lock, fold, foldMark, id };
+  e = { g, title, rect, t1, t2, lock, fold, foldMark, id, geom: "" };
   g.addEventListener("click", (ev) => {
     ev.stopPropagation();
     if (e.isGroup) onGroup(view, e.parent);
@@ -273,28 +397,79 @@ function nodeElements(view, id) {
   return e;
 }
 
+/** Box width and the fold button's place: outside the box on the right in columns (the edge to the
+ * children starts there), inside its lower right corner in the outline. */
+function setGeometry(e, w, outline) {
+  const geom = `${w}${outline ? "o" : "c"}`;
+  if (e.geom === geom) return;
+  e.geom = geom;
+  e.rect.setAttribute("width", String(w));
+  e.lock.setAttribute("transform", `translate(${w - 16},5)`);
+  const fold = outline ? `translate(${w - 10},${BOX_H - 10})` : `translate(${w + 1},${BOX_H / 2})`;
+  e.fold.setAttribute("transform", fold);
+}
+
+/** The sub line: "12 tok · 3 hits · 2 reqs" when it fits in `chars` characters, else "12t 3h 2r" (cut). */
+function subLine(row, folded, chars) {
+  const long = [`${row.tokens} tok`, plural(row.hits, "hit")];
+  const short = [`${row.tokens}t`, `${row.hits}h`];
+  if (row.rids) {
+    long.push(plural(row.rids, "req"));
+    short.push(`${row.rids}r`);
+  }
+  if (folded) {
+    long.push(`+${row.hidden ?? "…"} folded`);
+    short.push(`+${row.hidden ?? "…"}`);
+  }
+  const text = long.join(" · ");
+  return { text: text.length <= chars ? text : shortText(short.join(" "), chars), full: long };
+}
+
+/** Scroll `scroll` so that the box at (x, y, w, h) is in view: centred vertically when it was not, and its
+ * left part in view when it was not. */
+function reveal(scroll, x, y, w, h) {
+  const H = scroll.clientHeight;
+  const W = scroll.clientWidth;
+  if (y < scroll.scrollTop || y + h > scroll.scrollTop + H) scroll.scrollTop = Math.max(0, y - (H - h) / 2);
+  if (x < scroll.scrollLeft || x + Math.min(w, W) > scroll.scrollLeft + W) {
+    scroll.scrollLeft = Math.max(0, x - 6);
+  }
+}
+
 function renderTree(view) {
   const state = view.state || {};
   const rows = Array.isArray(state.nodes) ? state.nodes : [];
   const collapsed = collapsedSet(view);
   const selected = selectedId(view);
-  const { pos, depth, slots } = layoutTree(rows, collapsed);
-  const colW = BOX_W + GAP_X;
-  const rowH = BOX_H + GAP_Y;
-  view.svg.setAttribute("width", String((depth + 1) * colW + 16));
-  view.svg.setAttribute("height", String(Math.max(slots, 1) * rowH + 8));
+  view.width = view.scroll.clientWidth;
+  const plan = arrange(rows, collapsed, view.fit, view.width);
+  const outline = plan.mode === "outline";
+  view.svg.setAttribute("width", String(plan.width));
+  view.svg.setAttribute("height", String(plan.height));
+  view.root.dataset.layout = plan.mode;
+  view.root.classList.toggle("following", view.follow);
   view.empty.textContent = rows.length ? "" : "(the radix tree is empty)";
   view.empty.style.display = rows.length ? "none" : "block";
 
+  // the newest node: ids grow with every insert (and split), so the largest live one
+  let newest = null;
+  for (const { p } of plan.boxes.values()) {
+    const row = p.row;
+    if (!row.group && typeof row.id === "number" && row.parent !== null && row.parent !== undefined
+        && row.state !== "evicted" && (newest === null || row.id > newest.id)) newest = row;
+  }
+  view.root.dataset.newest = newest ? String(newest.id) : "";
+
   const seen = new Set();
   let d = "";
-  for (const { x, y, row } of pos.values()) {
+  for (const box of plan.boxes.values()) {
+    const row = box.p.row;
+    const { px, py, w } = box;
     seen.add(row.id);
-    const px = 6 + x * colW;
-    const py = 4 + y * rowH;
     const e = nodeElements(view, row.id);
     e.isGroup = !!row.group;
     e.parent = row.parent;
+    setGeometry(e, w, outline);
     e.g.setAttribute("transform", `translate(${px},${py})`);
     const cls = ["sgnb-rt-node"];
     if (row.state) cls.push(row.state);
@@ -302,35 +477,30 @@ function renderTree(view) {
     if (row.group) cls.push("group");
     if (row.parent === null || row.parent === undefined) cls.push("root");
     if (selected !== null && row.id === selected) cls.push("selected");
+    if (newest !== null && row.id === newest.id) cls.push("newest");
     const clsText = cls.join(" ");
     if (e.g.getAttribute("class") !== clsText) e.g.setAttribute("class", clsText);
+    // characters that fit: the box less its padding, the padlock and (in the outline) the fold button
+    const room = outline ? Math.floor((w - 14 - 18) / CHAR_W) : LABEL_CHARS;
     if (row.group) {
-      e.t1.textContent = `+${plural(row.count, "node")}`;
-      e.t2.textContent = `${row.tokens} tok in ${plural(row.children, "branch")}`;
+      e.t1.textContent = shortText(`+${plural(row.count, "node")}`, room + 4);
+      e.t2.textContent = shortText(`${row.tokens} tok in ${plural(row.children, "branch")}`, room + 4);
       e.title.textContent = `${row.count} nodes hidden (${row.new} new, ${row.hit} hit, ${row.evicted} evicted): click to show`;
       e.lock.style.display = "none";
       e.fold.style.display = "none";
     } else {
       const isRoot = row.parent === null || row.parent === undefined;
-      e.t1.textContent = isRoot ? "root" : shortText(row.text);
-      const sub = [`${row.tokens} tok`, plural(row.hits, "hit")];
-      if (row.rids) sub.push(plural(row.rids, "req"));
-      if (row.collapsed || collapsed.has(row.id)) sub.push(`+${row.hidden ?? "…"} folded`);
-      e.t2.textContent = sub.join(" · ");
-      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.join(", ")})`;
+      e.t1.textContent = isRoot ? "root" : shortText(row.text, outline ? room : LABEL_CHARS);
+      const sub = subLine(row, !!row.collapsed || collapsed.has(row.id), outline ? room : 99);
+      e.t2.textContent = sub.text;
+      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")})`;
       e.lock.style.display = row.locked ? "" : "none";
       const foldable = (row.kids || 0) > 0 || collapsed.has(row.id);
       e.fold.style.display = foldable ? "" : "none";
       e.foldMark.textContent = collapsed.has(row.id) ? "+" : "−";
     }
-    const parent = row.parent !== null && row.parent !== undefined ? pos.get(row.parent) : null;
-    if (parent) {
-      const x0 = 6 + parent.x * colW + BOX_W + (parent.row.kids ? 8 : 0);
-      const y0 = 4 + parent.y * rowH + BOX_H / 2;
-      const y1 = py + BOX_H / 2;
-      const xm = (x0 + px) / 2;
-      d += `M${x0},${y0}C${xm},${y0} ${xm},${y1} ${px},${y1}`;
-    }
+    const parent = row.parent !== null && row.parent !== undefined ? plan.boxes.get(row.parent) : null;
+    if (parent) d += plan.edge(parent, box, parent.p.row);
   }
   view.edges.setAttribute("d", d);
   for (const [id, e] of view.els) {
@@ -341,6 +511,14 @@ function renderTree(view) {
   }
   renderSummary(view, state.summary || {}, rows);
   renderDetails(view, rows, selected, state.details || {});
+  // follow: a newer node, or the same one moved by a new layout (fit toggled, the box resized)
+  const shape = `${plan.mode} ${plan.width}`;
+  if (view.follow && newest !== null && (newest.id !== view.followed || shape !== view.shape)) {
+    const b = plan.boxes.get(newest.id);
+    reveal(view.scroll, b.px, b.py, b.w, BOX_H);
+    view.followed = newest.id;
+  }
+  view.shape = shape;
 }
 
 function renderSummary(view, s, rows) {

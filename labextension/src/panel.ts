@@ -6,7 +6,9 @@
  * drawing modules (radix_tree_draw.js, stats_draw.js), so the panel and the notebook widgets look and behave
  * alike. It follows the notebook tracker's current notebook: focusing the panel keeps the last one. Folding,
  * opening "+N nodes" groups and selecting a node are sent along with the next request, and the kernel lays
- * the tree out accordingly.
+ * the tree out accordingly. The tree starts with "fit width" on (a tree deeper than the panel's width allows
+ * for columns is drawn as an outline, so the narrow panel does not scroll sideways) and "follow newest" on
+ * (the most recently inserted node is kept in view); both are toggles in the tree's header.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
@@ -22,6 +24,11 @@ import { ISnapshot } from './snapshot';
 
 /** Poll period while the panel is visible (2.5 Hz). */
 export const POLL_MS = 400;
+
+/** The share of the kernel's time the snapshots may take (they hold the GIL that the engine's scheduler
+ * thread needs): the wait after a snapshot that took s seconds is at least s * (1 / share - 1). The same
+ * budget as the notebook views' timer threads (widgets/_ticker.py). */
+export const KERNEL_SHARE = 0.02;
 
 export class EnginePanel extends Widget {
   constructor(private readonly _tracker: INotebookTracker) {
@@ -172,7 +179,7 @@ export class EnginePanel extends Widget {
     let wait = POLL_MS;
     try {
       const snap = await probe.fetch(options);
-      wait = Math.max(POLL_MS, 9000 * (snap.seconds ?? 0)); // the kernel spends <= ~10% of its time on us
+      wait = Math.max(POLL_MS, 1000 * (snap.seconds ?? 0) * (1 / KERNEL_SHARE - 1));
       if (probe === this._probe && !this.isDisposed) {
         this._draw(snap);
       }
@@ -249,7 +256,8 @@ export class EnginePanel extends Widget {
           this._expanded.add(parentId);
           this._refresh();
         }
-      }
+      },
+      { fit: true, follow: true }
     );
   }
 

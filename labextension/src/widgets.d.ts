@@ -18,8 +18,15 @@ declare module '@sgnb/widgets/radix_tree_draw.js' {
       selected?: number | string | null;
       details?: { [key: string]: unknown };
     },
-    callbacks?: ITreeCallbacks
+    callbacks?: ITreeCallbacks,
+    options?: ITreeOptions
   ): { destroy(): void };
+  /** Read when the first call builds the view: the toggles' initial states, and whether to show them. */
+  export interface ITreeOptions {
+    fit?: boolean;
+    follow?: boolean;
+    controls?: boolean;
+  }
 }
 
 declare module '@sgnb/widgets/stats_draw.js' {

@@ -232,6 +232,11 @@ NOTEBOOK_CELLS = [
     "%load_ext sgnb",
     "%%sgl --temperature 0 --max-tokens 6 --no-widget\ns += user(\"Name a colour in one word.\")\n"
     "s += assistant(gen(\"colour\", stop=\"\\n\"))\nif \"colour\" in s:\n    print(\"sgl cell done\")",
+    # a tree of a few hundred nodes, 6 levels deep (root, "Topic", a, b, c, d): columns would need ~1,300px
+    "engine = sgl.get_default_backend().engine\n"
+    "engine.generate([f'Topic {a}. Part {b}. Item {c}. Note {d}.' for a in range(3) for b in range(4)\n"
+    "                 for c in range(4) for d in range(4)], {'max_new_tokens': 1, 'temperature': 0})\n"
+    "print('big tree done:', len(engine.tree_snapshot(0)['nodes']), 'nodes')",
 ]
 
 
@@ -353,6 +358,28 @@ RECORDER = """
 """
 
 
+# the panel's tree: its layout, the widths of the panel and of the tree's scroll box, and whether the newest
+# node (outlined when "follow newest" is on) lies inside the scroll box's visible part
+PANEL_GEOMETRY = """
+() => {
+  const panel = document.querySelector('#sgnb-engine-panel');
+  const tree = panel.querySelector('.sgnb-rt');
+  const scroll = panel.querySelector('.sgnb-rt-scroll');
+  const newest = panel.querySelector('g.sgnb-rt-node.newest');
+  const box = scroll.getBoundingClientRect();
+  const n = newest ? newest.getBoundingClientRect() : null;
+  return {
+    layout: tree.dataset.layout, newest: tree.dataset.newest,
+    drawn: panel.querySelectorAll('g.sgnb-rt-node:not(.root):not(.group)').length,
+    panel_client_width: panel.clientWidth, panel_scroll_width: panel.scrollWidth,
+    tree_client_width: scroll.clientWidth, tree_scroll_width: scroll.scrollWidth,
+    newest_in_view: !!n && n.top >= box.top - 1 && n.bottom <= box.bottom + 1 && n.left >= box.left - 1
+                    && n.left < box.right,
+  };
+}
+"""
+
+
 def _run_from_palette(page, label: str) -> None:
     """Run a command by its label from the command palette (in the left area: see `jupyter_lab`)."""
     page.evaluate("window.jupyterapp.commands.execute('apputils:activate-command-palette')")
@@ -422,6 +449,26 @@ def test_panel_shows_the_tree_growing_while_cells_run(jupyter_lab):
             # the plain Python cells get the same classes (the notebook's own language)
             assert page.locator(".cm-editor:not(.sgnb-sgl-cell) .tok-keyword:has-text('def')").count() >= 1
             page.screenshot(path=str(ARTIFACTS / "labextension-sgl-cell.png"))
+
+            # a deep tree of a few hundred nodes fits the panel's default width (fit width, on by default),
+            # and the newest node is in view (follow newest, on by default)
+            page.wait_for_selector(".jp-OutputArea-output:has-text('big tree done')", timeout=180_000)
+            page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 250",
+                                   timeout=30_000)
+            page.wait_for_timeout(1500)  # the last poll, drawn
+            fit = page.evaluate(PANEL_GEOMETRY)
+            assert fit["drawn"] >= 250 and fit["layout"] == "outline", fit
+            assert fit["tree_scroll_width"] <= fit["tree_client_width"], f"the tree scrolls sideways: {fit}"
+            assert fit["panel_scroll_width"] <= fit["panel_client_width"], f"the panel overflows: {fit}"
+            assert fit["newest_in_view"], fit
+            page.screenshot(path=str(ARTIFACTS / "labextension-panel-big-tree.png"))
+            # without fit width the same tree is drawn in columns and scrolls sideways (the fallback)
+            panel.locator(".sgnb-rt-ctl input[name=fit]").uncheck()
+            page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='columns']", timeout=5_000)
+            wide = page.evaluate(PANEL_GEOMETRY)
+            assert wide["tree_scroll_width"] > wide["tree_client_width"] + 500, wide
+            panel.locator(".sgnb-rt-ctl input[name=fit]").check()
+            page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='outline']", timeout=5_000)
             assert not [e for e in errors if "sgnb" in e], errors
         finally:
             browser.close()

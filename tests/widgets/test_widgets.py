@@ -360,6 +360,30 @@ def test_tree_view_stays_small_and_fast_at_5000_nodes():
     view.detach()
 
 
+def test_a_slow_view_keeps_to_its_cpu_budget():
+    """A tick that costs 10 ms of CPU (a huge tree) is followed by a wait of at least 10 ms * (1 / max_share
+    - 1): the view's thread never holds more than max_share (2%) of the GIL the engine's scheduler needs."""
+    from sgnb.widgets._ticker import Ticker
+
+    starts: list[float] = []
+
+    def tick() -> bool:
+        starts.append(time.monotonic())
+        end = time.thread_time() + 0.01
+        while time.thread_time() < end:
+            pass
+        return True
+
+    ticker = Ticker(tick, 0.05, "sgnb-test-ticker")
+    assert ticker.max_share == 0.02
+    ticker.start()
+    time.sleep(1.3)
+    ticker.stop()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) >= 2 and min(gaps) >= 0.01 * (1 / 0.02 - 1), gaps
+    assert ticker.cpu_seconds <= ticker.wall_seconds + 1e-3 and ticker.cpu_seconds / ticker.ticks >= 0.01
+
+
 def test_tree_view_does_no_work_on_the_scheduler_thread(engine):
     """The engine's callback is a deque's C-level append; everything else runs on the view's own thread, and
     the view thread's CPU time is a tiny share of the workload's time (what it could take from the engine)."""
