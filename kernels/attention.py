@@ -78,12 +78,23 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     """Grouped-query attention with its log-sum-exp. q (..., Hkv, G, Tq, D); k, v (..., Hkv, S, D);
     mask broadcastable to (..., Hkv, G, Tq, S), True = attend. Returns out (..., Hkv, G, Tq, D) normalized
     and lse (..., Hkv, G, Tq); rows with no visible key get lse = -inf and out = 0."""
-    scores = torch.matmul(q.float(), k.float().unsqueeze(-3).transpose(-1, -2)) * scale  # (..., Hkv, G, Tq, S)
+    *lead, Hkv, G, Tq, D = q.shape
+    if mask is None and not lead and q.device.type == "cpu":  # torch's CPU flash kernel also returns the lse
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q.reshape(1, Hkv, G * Tq, D), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype), 0.0, False,
+            scale=scale)[:2]
+        return out.float().view(Hkv, G, Tq, D), lse.view(Hkv, G, Tq)
+    # the G query heads of a KV head share its keys: fold them into the query rows, so the matmuls read K and
+    # V as they are (broadcasting k over G would copy it G times)
+    rows = q.float().reshape(*lead, Hkv, G * Tq, D)
+    scores = torch.matmul(rows, k.float().transpose(-1, -2)).mul_(scale)  # (..., Hkv, G * Tq, S)
+    scores = scores.view(*lead, Hkv, G, Tq, scores.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (..., Hkv, G, Tq)
-    probs = torch.exp(scores - lse.unsqueeze(-1).clamp(min=-1e30)).nan_to_num(0.0)
-    return torch.matmul(probs, v.float().unsqueeze(-3)), lse
+    probs = torch.exp(scores - lse.unsqueeze(-1).clamp(min=-1e30)).nan_to_num_(0.0)
+    out = torch.matmul(probs.view(*lead, Hkv, G * Tq, -1), v.float())  # (..., Hkv, G * Tq, D)
+    return out.view(*lead, Hkv, G, Tq, D), lse
 
 
 def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
