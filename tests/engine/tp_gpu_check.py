@@ -3,6 +3,7 @@
     .venv/bin/python tests/engine/tp_gpu_check.py                    # tp_size=1 through a worker vs in-process
     .venv/bin/python tests/engine/tp_gpu_check.py --tp-size 2        # needs 2 GPUs
     .venv/bin/python tests/engine/tp_gpu_check.py --device cpu       # a dry run of this script on CPU
+    python3 tests/engine/tp_gpu_check.py --model dummy:DIR/config.json --tokenizer DIR   # random weights
 
 Builds the in-process engine and the worker engine on the same model, compares prompt and greedy decode
 logprobs on a few prompts, times one decode step of a batch on both, and prints one JSON object. Exits 1 when
@@ -70,11 +71,19 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed")
     ap.add_argument("--tol", type=float, default=None, help="default: 1e-4 for float32, 5e-2 otherwise")
+    ap.add_argument("--tokenizer", default=None,
+                    help="an HF-format tokenizer directory (a dummy model on a machine without the default model)")
     args = ap.parse_args()
 
     import torch
 
     from sgnb.engine import Engine
+
+    if args.tokenizer:  # only the kernel process tokenizes: the workers need no tokenizer
+        import sgnb.engine.engine as engine_module
+        from sgnb.engine.tokenizer import Tokenizer
+
+        engine_module.load_tokenizer = lambda source, cache_dir=None: Tokenizer.from_dir(args.tokenizer)
 
     opts = {"device": args.device, "dtype": args.dtype, "max_total_tokens": args.kv_tokens}
     t0 = time.perf_counter()
