@@ -207,15 +207,25 @@ class LlamaForCausalLM(nn.Module):
         self.setup_rope(device)
 
     def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
-        """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1."""
+        """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1.
+        Every tensor is drawn whole from its own seed, then this rank's shard is kept: the model is the same at
+        every tensor-parallel size (so tp outputs can be compared on random weights too)."""
         self.to_empty(device=device)
         self.to(dtype)
         self.tie_weights()
-        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.device("meta"):
+            whole = LlamaForCausalLM(self.config, self.max_positions)
+        order = {name: i for i, (name, _) in enumerate(whole.named_parameters())}
+        shapes = {name: p.shape for name, p in whole.named_parameters()}
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if "norm" in name:
                     p.fill_(1.0)
-                else:
+                    continue
+                gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + order[name])
+                if p.shape == shapes[name]:
                     p.normal_(0.0, 0.02, generator=gen)
+                else:
+                    full = torch.empty(shapes[name], device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+                    p.copy_(self.shard_tensor(name, full))
         self.setup_rope(device)

@@ -111,6 +111,29 @@ def test_tracked_req_to_token_writes_keep_a_copy_equal():
     assert all(len(t) == 0 for t in pool.take_writes())
 
 
+@pytest.mark.parametrize("tp", [2, 3])
+def test_dummy_weights_are_the_same_model_at_every_tp_size(tp):
+    """Random (dummy) weights are drawn whole per tensor and then sharded: each rank holds its slice of the
+    tp_size=1 model, so tp runs on random weights (the GPU checks) can be compared with tp_size=1."""
+    import torch
+
+    from sgnb.engine.model_loader import resolve_model
+    from sgnb.engine.models.llama import LlamaForCausalLM
+    from sgnb.engine.tensor_parallel import TPGroup
+
+    cfg = resolve_model("dummy:tiny").config
+    with torch.device("meta"):
+        whole = LlamaForCausalLM(cfg, 64)
+    whole.init_dummy_weights(torch.device("cpu"), torch.float32, seed=5)
+    full = dict(whole.named_parameters())
+    for rank in range(tp):
+        with torch.device("meta"):
+            part = LlamaForCausalLM(cfg, 64, TPGroup(shard_layout(cfg, rank, tp), process_group=object()))
+        part.init_dummy_weights(torch.device("cpu"), torch.float32, seed=5)
+        for name, p in part.named_parameters():
+            torch.testing.assert_close(p, part.shard_tensor(name, full[name]), rtol=0, atol=0)
+
+
 def test_tp_options_are_validated():
     with pytest.raises(ValueError, match="tp_size"):
         EngineConfig(tp_size=0)
