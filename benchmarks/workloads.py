@@ -125,7 +125,7 @@ REACT_PROMPT = (
 
 def _react_args(scale: str, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    n, steps, tokens = _sizes(scale, (8, 3, 48), (64, 5, 200))
+    n, steps, tokens = _sizes(scale, (6, 3, 48), (64, 5, 200))
     return [{"question": f"What is the {_words(rng, 1)} of the {_words(rng, 2)} near the {_words(rng, 1)}?",
              "observations": [f"The {_words(rng, 2)} is described as {_words(rng, rng.randint(10, 30))}."
                               for _ in range(steps)],
@@ -228,7 +228,7 @@ def _city_document(rng: random.Random, tokens_words: int) -> str:
 
 def _json_regex_args(scale: str, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    n, words = _sizes(scale, (4, 2200), (64, 2200))  # ~3k tokens per document
+    n, words = _sizes(scale, (3, 2200), (64, 2200))  # ~3k tokens per document
     return [{"document": _city_document(rng, words)} for _ in range(n)]
 
 
