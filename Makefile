@@ -49,7 +49,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_suite.py --scale cpu
 
 # the GPU variant of the suite (run on a GPU machine): benchmarks/results/<date>-gpu.json
-bench-gpu: $(BENCH_STAMP)
+bench-gpu: $(STAMP)
 	$(BIN)/python benchmarks/bench_suite.py --scale gpu --systems sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward
 
 # the single-topic benchmarks of the engine, language and structured-output issues
