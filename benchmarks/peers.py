@@ -27,16 +27,9 @@ from typing import Any
 
 from sgnb.backends.base import Backend, ChoiceDecision, GenContext
 from sgnb.chat_template import derive_from_jinja
-from sgnb.engine.scoring import check_choices, choose
+from sgnb.engine.radix_cache import common_prefix_len
+from sgnb.engine.scoring import check_choices, choose, score_start
 from sgnb.sampling import GenParams
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
@@ -66,9 +59,7 @@ class PeerBackend(Backend):
         """As the engine scores: from the first token where any choice's tokenization departs from the prompt's."""
         prefix = self.tokenizer.encode(text)
         full = [self.tokenizer.encode(text + c) for c in choices]
-        start = min(common_prefix_len(prefix, f) for f in full)
-        start = max(1, min(start, min(len(f) for f in full) - 1))
-        return prefix, full, start
+        return prefix, full, score_start(prefix, full)
 
 
 def _values(params: GenParams) -> dict[str, Any]:

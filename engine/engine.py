@@ -29,11 +29,11 @@ from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
-from sgnb.engine.radix_cache import RadixCache, common_prefix_len
+from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scheduler import Scheduler
-from sgnb.engine.scoring import check_choices, choose
+from sgnb.engine.scoring import check_choices, choose, score_start
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
@@ -364,9 +364,7 @@ class Engine:
             full = [prefix_ids + self.tokenizer.encode(c) for c in choices]
         if not prefix_ids:
             raise ValueError("select needs a non-empty prefix to score choices against")
-        # choices may merge with the prefix's last token: score from the first token where any differs
-        start = min(common_prefix_len(prefix_ids, f) for f in full)
-        start = max(1, min(start, min(len(f) for f in full) - 1))
+        start = score_start(prefix_ids, full)
         inputs, starts = [list(f) for f in full], [start] * len(full)
         if method == "unconditional_likelihood_normalized":
             for f in full:  # each choice alone, after the last shared token, as the unconditional context

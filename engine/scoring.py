@@ -13,6 +13,16 @@ def check_choices(choices: list[str], method: str) -> None:
         raise ValueError("choices must be a non-empty list of non-empty strings")
 
 
+def score_start(prefix_ids: list[int], full: list[list[int]]) -> int:
+    """The first position scored for every choice: where any choice's tokenization (prefix + choice, encoded
+    together) departs from the prefix's, since a choice may merge with the prefix's last token; at least 1 and
+    leaving every choice at least one token."""
+    from sgnb.engine.radix_cache import common_prefix_len  # torch: only callers that hold token ids get here
+
+    start = min(common_prefix_len(prefix_ids, f) for f in full)
+    return max(1, min(start, min(len(f) for f in full) - 1))
+
+
 def choose(method: str, cond: list[list[float]], uncond: list[list[float]] | None = None) -> tuple[int, list[float]]:
     """Returns (index of the chosen choice, one normalized score per choice).
 
