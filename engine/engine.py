@@ -30,7 +30,7 @@ from sgnb.engine.events import Event, EventBus
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
-from sgnb.engine.request import Req
+from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choose, score_start
@@ -49,7 +49,7 @@ class Engine:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         t0 = time.perf_counter()
         self.source = resolve_model(self.config.model_path, self.config.cache_dir)
-        self.tokenizer = load_tokenizer(self.source, self.config.cache_dir)
+        self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
         self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
         try:
             self.events = EventBus(self.config.event_history)
@@ -113,13 +113,20 @@ class Engine:
     def _tokens(self, prompt: str | None, input_ids: Sequence[int] | None) -> list[int]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
+        vocab = self.source.config.vocab_size
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
             ids = self.tokenizer.encode(prompt)
+            if ids and max(ids) >= vocab:
+                raise ValueError(
+                    f"the tokenizer turned this prompt into ids up to {max(ids)}, outside the model's vocabulary "
+                    f"[0, {vocab}): the tokenizer ({self.tokenizer.vocab_size} ids) does not fit this model"
+                    + (". Dummy models use the SmolLM2 tokenizer: for text prompts pick one whose vocabulary "
+                       "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
+                       if self.source.dummy else ""))
         else:
             ids = [int(t) for t in input_ids]  # type: ignore[union-attr]
-            vocab = self.source.config.vocab_size
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
@@ -427,9 +434,10 @@ class Engine:
         return {
             "model": self.source.name,
             "device": self.runner.placement,
+            "attention_backend": self.runner.attention_backend,
             "tp_size": self.config.tp_size,
-            "waiting": len(s.waiting) + (1 if s.chunked else 0),
-            "running": len(s.running),
+            "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
+            "running": s.count(ReqStatus.RUNNING) + s.count(ReqStatus.EXTENDING),
             "requests_finished": c.requests_finished,
             "requests_aborted": c.requests_aborted,
             "requests_failed": c.requests_failed,
@@ -442,6 +450,8 @@ class Engine:
             "prefill_batches": c.prefill_batches,
             "retractions": c.retractions,
             "forward_seconds": c.forward_seconds,
+            "decode_seconds": c.decode_seconds,
+            "cascade_batches": c.cascade_batches,
             "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
             "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
             "kv_total": pool.size,

@@ -1,37 +1,128 @@
-"""ForwardBatch: what one model forward over a ragged batch of requests needs to know."""
+"""What one model forward over a ragged batch of requests needs to know, in two forms.
+
+- `BatchSpec`: what the scheduler decided (host lists, plus the new tokens' KV slots). It is also the wire
+  format for tensor-parallel workers (`to_wire` / `from_wire`): one definition of a batch for every runner.
+- `ForwardBatch`: the same batch as device tensors, built once per forward by `ForwardBatch.build` (one
+  host-to-device copy for every index tensor), with host copies of the per-request lengths so that nothing on
+  the forward path needs to read the device. The runner's attention backend adds its own per-forward metadata
+  (`attn_metadata`) in `init_forward_metadata`, once per forward, never per layer.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from sgnb.engine.kv_pool import KVCache
+if TYPE_CHECKING:
+    from sgnb.engine.attention.base import AttentionBackend
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill: some requests add several tokens (over a cached prefix or none)
+    DECODE = "decode"  # every request adds exactly one token
+
+
+@dataclass
+class BatchSpec:
+    """One batch as the scheduler built it.
+
+    Request i adds extend_lens[i] tokens at absolute positions prefix_lens[i] ...; the K/V of its first
+    prefix_lens[i] tokens is already in the pool at req_to_token[req_pool_indices[i]]. The new tokens' K/V go
+    to out_cache_loc (which the scheduler has also written into req_to_token). shared_len > 0: the first
+    shared_len slots of every request are the same (a radix prefix shared by the whole batch; cascade).
+    """
+
+    input_ids: list[int]  # (T,) the new tokens of every request, concatenated
+    out_cache_loc: torch.Tensor  # (T,) int64 KV slots of the new tokens, on the scheduler's device
+    req_pool_indices: list[int]  # (B,)
+    prefix_lens: list[int]  # (B,)
+    extend_lens: list[int]  # (B,)
+    shared_len: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_pool_indices)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def mode(self) -> ForwardMode:
+        return ForwardMode.DECODE if self.num_tokens == self.batch_size else ForwardMode.EXTEND
+
+    def last_rows(self) -> list[int]:
+        """Row of each request's last new token in the flat batch (what sampling reads)."""
+        return (np.cumsum(self.extend_lens) - 1).tolist()
+
+    def to_wire(self) -> dict[str, Any]:
+        """Picklable, torch-free form (numpy arrays) for the tensor-parallel workers."""
+        return {"input_ids": np.asarray(self.input_ids, dtype=np.int64),
+                "out_cache_loc": self.out_cache_loc.cpu().numpy(),
+                "req_pool_indices": self.req_pool_indices, "prefix_lens": self.prefix_lens,
+                "extend_lens": self.extend_lens, "shared_len": self.shared_len}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> BatchSpec:
+        return cls(input_ids=d["input_ids"].tolist(), out_cache_loc=torch.from_numpy(d["out_cache_loc"]),
+                   req_pool_indices=d["req_pool_indices"], prefix_lens=d["prefix_lens"],
+                   extend_lens=d["extend_lens"], shared_len=d["shared_len"])
 
 
 @dataclass
 class ForwardBatch:
-    """Flat (ragged) batch: the new tokens of every request, concatenated.
+    """A BatchSpec on the device. Tensors are int64 on `input_ids.device`; `*_cpu` are host copies."""
 
-    Request i contributes extend_lens[i] tokens at absolute positions prefix_lens[i] ...; the KV of its
-    first prefix_lens[i] tokens is already in the pool at req_to_token[req_pool_indices[i]]. The model writes
-    the new tokens' K/V at out_cache_loc (which the caller has also written into req_to_token).
-    """
-
-    input_ids: torch.Tensor  # (T,) int64
-    positions: torch.Tensor  # (T,) int64
-    out_cache_loc: torch.Tensor  # (T,) int64 KV slots of the new tokens
-    req_pool_indices: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    req_to_token: torch.Tensor  # (R, max_context)
-    kv_cache: KVCache | None = None  # the K/V storage: attached by the runner that runs the batch
-    shared_len: int = 0  # leading slots identical for every request (read once: cascade attention)
+    mode: ForwardMode
+    batch_size: int
+    num_tokens: int
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,) absolute position of each new token
+    out_cache_loc: torch.Tensor  # (T,) KV slots of the new tokens
+    req_pool_indices: torch.Tensor  # (B,) rows of req_to_token
+    prefix_lens: torch.Tensor  # (B,)
+    seq_lens: torch.Tensor  # (B,) prefix + extend: keys each request attends to
+    qo_indptr: torch.Tensor  # (B + 1,) request i's new tokens are rows qo_indptr[i]:qo_indptr[i + 1]
+    req_pool_indices_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+    req_to_token: torch.Tensor  # (R, max_context) the table, shared with the scheduler (not a copy)
+    shared_len: int = 0
+    attn_backend: AttentionBackend | None = None  # attached by the runner
+    attn_metadata: Any = None  # the attention backend's per-forward state
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
+    def max_extend_len(self) -> int:
+        return max(self.extend_lens_cpu)
 
-    @property
-    def is_decode(self) -> bool:
-        return all(n == 1 for n in self.extend_lens)
+    @classmethod
+    def build(cls, spec: BatchSpec, req_to_token: torch.Tensor, device: torch.device) -> ForwardBatch:
+        """Everything in one host buffer, copied to the device once, then split into views."""
+        B, T = spec.batch_size, spec.num_tokens
+        prefix = np.asarray(spec.prefix_lens, dtype=np.int64)  # (B,)
+        extend = np.asarray(spec.extend_lens, dtype=np.int64)  # (B,)
+        seq = prefix + extend  # (B,)
+        indptr = np.zeros(B + 1, dtype=np.int64)
+        np.cumsum(extend, out=indptr[1:])
+        if T == B:  # decode: one token per request, at position prefix
+            positions = prefix
+        else:  # position of token t of request i = prefix[i] + (t - indptr[i])
+            positions = np.arange(T, dtype=np.int64) + np.repeat(prefix - indptr[:-1], extend)  # (T,)
+        host = np.concatenate([np.asarray(spec.input_ids, dtype=np.int64), positions,
+                               np.asarray(spec.req_pool_indices, dtype=np.int64), prefix, seq, indptr])
+        buf = torch.from_numpy(host)
+        if device.type == "cuda":
+            buf = buf.pin_memory().to(device, non_blocking=True)
+        ids, pos, rows, pre, sl, ptr = buf.split([T, T, B, B, B, B + 1])
+        return cls(
+            mode=spec.mode, batch_size=B, num_tokens=T, input_ids=ids, positions=pos,
+            out_cache_loc=spec.out_cache_loc.to(device), req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,
+            qo_indptr=ptr, req_pool_indices_cpu=list(spec.req_pool_indices), prefix_lens_cpu=list(spec.prefix_lens),
+            extend_lens_cpu=list(spec.extend_lens), seq_lens_cpu=seq.tolist(), req_to_token=req_to_token,
+            shared_len=spec.shared_len,
+        )

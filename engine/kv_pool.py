@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from sgnb.kernels.kv_store import store_kv
+
 
 class ReqToTokenPool:
     """A table of `size` rows x `max_context` KV slot indices, one row per live request.
@@ -87,6 +89,10 @@ class KVCache:
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         for buf in (*self.k_buffers, *self.v_buffers):
             buf[0].zero_()  # slot 0 pads gathers (masked keys): garbage there could be NaN, and 0 * NaN = NaN
+
+    def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' K and V (T, Hkv, D), possibly strided views, at slots `loc` (T,) of `layer`."""
+        store_kv(self.k_buffers[layer], self.v_buffers[layer], loc, k, v)
 
     def bytes_per_token(self) -> int:
         k = self.k_buffers[0]

@@ -206,12 +206,16 @@ def _remove_stale_temp_dirs(entry: Path) -> None:
 
 
 # ---- loading ------------------------------------------------------------------------------------------------
-def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer of `source`; dummy models use the SmolLM2 tokenizer (converted first if needed).
+def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None,
+                   tokenizer_path: str | Path | None = None) -> Tokenizer:
+    """The tokenizer in `tokenizer_path` if given, else `source`'s; dummy models use the SmolLM2 tokenizer
+    (converted first if needed).
 
     A dummy model's vocabulary may differ from the tokenizer's (e.g. 32000 for dummy:llama-2-7b vs 49152):
     its text is noise either way; ids outside the tokenizer decode to "".
     """
+    if tokenizer_path is not None:
+        return Tokenizer.from_dir(Path(tokenizer_path).expanduser())
     if source.dummy:
         source = resolve_model(SMOLLM2_NAME, cache_dir)
     assert source.path is not None

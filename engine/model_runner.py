@@ -2,8 +2,9 @@
 
 The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py keeps it too):
 - `device`: where the scheduler's tables, slot ids and logits live; `kv_pool`, `req_pool`, `context_length`;
-- `forward(fb)` runs the batch (writing its K/V) and returns its hidden states, opaque to the caller except
+- `forward(spec)` runs a BatchSpec (writing its K/V) and returns its hidden states, opaque to the caller except
   for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
+- `attention_backend`: the name of the attention backend the model runs with;
 - `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
 """
 
@@ -16,12 +17,13 @@ from typing import Any, Protocol
 
 import torch
 
+from sgnb.engine.attention import make_attention_backend
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.forward_batch import ForwardBatch
+from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_config import ModelConfig
-from sgnb.engine.model_loader import ModelSource, load_state_dict
-from sgnb.engine.models.llama import LlamaForCausalLM
+from sgnb.engine.model_loader import ModelSource
+from sgnb.engine.models.registry import build_model
 
 log = logging.getLogger("sgnb.engine")
 
@@ -72,11 +74,12 @@ class Runner(Protocol):
     model_config: ModelConfig
     device: torch.device
     placement: str
+    attention_backend: str
     context_length: int
     kv_pool: KVPool
     req_pool: ReqToTokenPool
 
-    def forward(self, fb: ForwardBatch) -> Any: ...
+    def forward(self, spec: BatchSpec) -> Any: ...
 
     def logits(self, hidden: Any, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor: ...
 
@@ -110,24 +113,24 @@ class ModelRunner:
         self.model_config = mcfg
         self.context_length = config.context_length or mcfg.max_position_embeddings
 
-        with torch.device("meta"):  # no random init of weights about to be replaced
-            model = LlamaForCausalLM(mcfg, max_positions=self.context_length)
-        if source.dummy:
-            model.init_dummy_weights(self.device, self.dtype, config.random_seed)
-        else:
-            model.load_hf_state_dict(load_state_dict(source, self.device, self.dtype), self.device, self.dtype)
-        self.model = model.eval()
+        self.model = build_model(mcfg, source, self.device, self.dtype, self.context_length, seed=config.random_seed)
 
         slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)
         self.kv_cache = KVCache(slots, mcfg.num_hidden_layers, mcfg.num_key_value_heads, mcfg.head_dim, kv_dtype,
                                 self.device)
         self.kv_pool = KVPool(slots, self.device, self.kv_cache)
         self.req_pool = ReqToTokenPool(config.max_running_requests + 8, self.context_length + 1, self.device)
-        log.info("model %s on %s/%s, KV pool %d tokens", source.name, self.device, self.dtype, self.kv_pool.size)
+        self.attn = make_attention_backend(config.attention_backend, self.kv_cache, mcfg.num_attention_heads,
+                                           mcfg.num_key_value_heads, mcfg.head_dim, self.device)
+        self.attention_backend = self.attn.name
+        log.info("model %s on %s/%s, KV pool %d tokens, attention %s", source.name, self.device, self.dtype,
+                 self.kv_pool.size, self.attention_backend)
 
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""
-        fb.kv_cache = self.kv_cache
+        fb = ForwardBatch.build(spec, self.req_pool.req_to_token, self.device)
+        fb.attn_backend = self.attn
+        self.attn.init_forward_metadata(fb)
         return self.model(fb)
 
     def logits(self, hidden: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:

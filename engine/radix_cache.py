@@ -195,6 +195,27 @@ class RadixCache:
         if ids:
             self.emit("hit", {"nodes": ids, "tokens": tokens, "rid": request_id})
 
+    def common_prefix_depth(self, nodes: Sequence[TreeNode]) -> int:
+        """Tokens on the path from the root to the deepest node that is an ancestor-or-self of every node
+        in `nodes` (their shared cached prefix)."""
+        with self.lock:
+            path = []
+            walk: TreeNode | None = nodes[0]
+            while walk is not None:
+                path.append(walk)
+                walk = walk.parent
+            path.reverse()  # root .. nodes[0]
+            at = {id(n): i for i, n in enumerate(path)}
+            deepest = len(path) - 1
+            for node in nodes[1:]:
+                walk = node
+                while id(walk) not in at:  # the root is always there
+                    walk = walk.parent  # type: ignore[assignment]
+                deepest = min(deepest, at[id(walk)])
+                if deepest == 0:
+                    return 0
+            return sum(len(n) for n in path[1: deepest + 1])
+
     # ---- eviction --------------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens slots from unlocked LRU leaves if possible. Returns how many were freed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,14 @@ import torch
 
 from sgnb.engine.radix_cache import TreeNode
 from sgnb.engine.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued for admission (new, or retracted)
+    CHUNKED = "chunked"  # admitted; a long prompt whose next chunk extends next round
+    EXTENDING = "extending"  # admitted; jump-forward appended forced tokens that the next round extends
+    RUNNING = "running"  # admitted; decodes one token per step
+    FINISHED = "finished"
 
 
 class Req:
@@ -31,8 +40,10 @@ class Req:
         self.logprob_start_len = logprob_start_len if return_logprob else -1
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.on_update = on_update
-        # KV state (scheduler thread only)
+        # scheduler state (scheduler thread only)
+        self.status = ReqStatus.WAITING
         self.req_pool_idx: int | None = None
+        self.new_slots: torch.Tensor | None = None  # slots allocated for the next forward's new tokens
         self.kv_len = 0
         self.cached_len = 0
         self.last_node: TreeNode | None = None
@@ -53,7 +64,6 @@ class Req:
         self.grammar: Any = None
         self.forced: list[bool] = []  # per output token: appended by jump-forward (True) or sampled
         self.decode_steps = 0  # model forwards that produced a sampled token of this request
-        self.abort_requested = False
         self.created = time.perf_counter()
         self.first_token_time: float | None = None
         self.finished_time: float | None = None

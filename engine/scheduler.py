@@ -1,9 +1,11 @@
 """Scheduler: the engine's background thread. Continuous batching over the radix cache.
 
-Each loop: take new requests and aborts, then run either one prefill batch (admitted from the waiting queue in
-policy order, limited by free + evictable KV minus the decode growth reserved for running requests, long
-prompts chunked) or one decode step for every running request (retracting requests when KV runs out).
-Everything that touches the KV pool and the tree runs on this thread.
+Each loop: take new requests and aborts, then run either one prefill batch (admission.py: continuations of
+admitted requests, then waiting requests in policy order) or one decode step for every running request
+(retracting requests when KV runs out). Requests are either `waiting` (the admission queue) or `active`
+(admitted: their `status` says whether they decode, continue a chunked prompt or extend forced tokens).
+KV slots change owners only through kv_manager.py. Everything that touches the KV pool and the tree runs on
+this thread.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import EventBus
-from sgnb.engine.forward_batch import ForwardBatch
+from sgnb.engine.forward_batch import BatchSpec
+from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.model_runner import Runner
 from sgnb.engine.radix_cache import RadixCache
-from sgnb.engine.request import Req
+from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampler import sample
 from sgnb.engine.schedule_policy import order_waiting
 from sgnb.engine.tokenizer import Tokenizer
@@ -36,7 +40,6 @@ if TYPE_CHECKING:  # xgrammar loads only once a request is constrained (it impor
 
 log = logging.getLogger("sgnb.engine")
 
-RESERVE_CLIP = 4096  # never reserve decode room for more than this many tokens of one request
 LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for input logprobs
 MIN_SHARED_PREFIX = 32  # a batch-wide common prefix at least this long is attended once (cascade)
 
@@ -54,13 +57,9 @@ class Counters:
     decode_steps: int = 0
     retractions: int = 0
     forward_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
+    cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, generated, prefilled)
-
-
-@dataclass
-class _PrefillItem:
-    req: Req
-    extend: int
 
 
 class Scheduler:
@@ -71,15 +70,14 @@ class Scheduler:
         self.kv_pool = runner.kv_pool
         self.req_pool = runner.req_pool
         self.tree = tree
+        self.kv = KVManager(runner.kv_pool, runner.req_pool, tree)
         self.events = events
         self.eos_ids = eos_ids
         self.tokenizer = tokenizer
         self.decode = tokenizer.decode
         self.grammar = grammar  # the engine's GrammarBackend, made on first use
-        self.waiting: list[Req] = []
-        self.running: list[Req] = []
-        self.chunked: Req | None = None
-        self.extending: list[Req] = []  # jump-forward appended several tokens: next round extends them
+        self.waiting: list[Req] = []  # the admission queue (status WAITING), in arrival order
+        self.active: list[Req] = []  # admitted requests (RUNNING, CHUNKED, EXTENDING), in admission order
         self.inbox: queue.Queue = queue.Queue()
         self.new_token_ratio = config.init_new_token_ratio
         self.counters = Counters()
@@ -112,7 +110,13 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.extending)
+        return bool(self.waiting or self.active)
+
+    def count(self, status: ReqStatus) -> int:
+        return sum(r.status is status for r in self.active)
+
+    def _with(self, status: ReqStatus) -> list[Req]:
+        return [r for r in self.active if r.status is status]
 
     # ---- the loop --------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -145,7 +149,7 @@ class Scheduler:
                 fut.set_result(False)
 
     def _live(self) -> list[Req]:
-        return [*self.waiting, *self.running, *self.extending, *([self.chunked] if self.chunked else [])]
+        return [*self.waiting, *self.active]
 
     def step(self) -> bool:
         """One scheduling round. Returns whether a batch ran."""
@@ -153,7 +157,7 @@ class Scheduler:
         if batch:
             self._run_prefill(batch)
             return True
-        if self.running:
+        if any(r.status is ReqStatus.RUNNING for r in self.active):
             self._run_decode()
             return True
         return False
@@ -184,99 +188,46 @@ class Scheduler:
                 return
 
     # ---- admission -------------------------------------------------------------------------------------
-    def _reserve(self, req: Req) -> int:
-        return int(min(max(req.remaining_new_tokens(), 0), RESERVE_CLIP) * self.new_token_ratio)
-
-    def _admit(self) -> list[_PrefillItem]:
+    def _admit(self) -> list[PrefillItem]:
         """Pick the next prefill batch, lock its prefixes and allocate its KV. Empty when nothing fits."""
-        if not self.waiting and self.chunked is None and not self.extending:
+        if not self.waiting and not any(r.status is not ReqStatus.RUNNING for r in self.active):
             return []
-        budget = self.config.max_prefill_tokens
-        chunk = self.config.chunked_prefill_size
-        reserved = sum(self._reserve(r) for r in self.running)
-        batch: list[_PrefillItem] = []
-
-        while self.extending and budget > 0:  # jump-forward continuations: they hold their KV already
-            req = self.extending[0]
-            ext = len(req.fill_ids) - req.kv_len
-            if ext > budget or not self._alloc_extend(req, req.kv_len, ext):
+        running = self._with(ReqStatus.RUNNING)
+        adder = PrefillAdder(self.config, self.kv, self.tree, sum(reserve(r, self.new_token_ratio) for r in running),
+                             self.new_token_ratio)
+        for req in self._with(ReqStatus.EXTENDING):  # jump-forward continuations: they hold their KV already
+            if not adder.add_continuation(req, chunk=False):
                 break
-            self.extending.pop(0)
-            batch.append(_PrefillItem(req, ext))
-            budget -= ext
-
-        if self.chunked is not None:  # a long prompt in progress goes first
-            req = self.chunked
-            ext = min(len(req.fill_ids) - req.kv_len, budget, chunk)
-            if not self._alloc_extend(req, req.kv_len, ext):
-                return []  # cannot even continue the chunk: decode frees room over time
-            batch.append(_PrefillItem(req, ext))
-            budget -= ext
-            if req.kv_len + ext == len(req.fill_ids):
-                self.chunked = None
-                reserved += self._reserve(req)
-
-        deferred_keys: set[tuple] = set()
-        compiling = False
-        admitted: list[Req] = []
-        threshold = self.config.in_batch_prefix_threshold
-        for req in order_waiting(self.config.schedule_policy, self.waiting, self.tree):
-            if budget <= 0 or len(self.running) + len(batch) >= self.config.max_running_requests:
+        chunked = self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new requests
+        stuck = bool(chunked) and not adder.add_continuation(chunked[0], chunk=True)
+        compiling, admitted = False, []
+        for req in [] if stuck else order_waiting(self.config.schedule_policy, self.waiting, self.tree):
+            if adder.full or len(self.active) + len(admitted) >= self.config.max_running_requests:
                 break
             if req.grammar_future is not None and req.grammar is None and not self._attach_grammar(req):
                 compiling = True
                 continue  # still compiling (or failed)
-            fill = req.fill_ids
-            match = self.tree.match_prefix(fill)
-            prefix = min(len(match.indices), len(fill) - 1)  # compute at least one token: its logits
-            if not req.input_logprobs_done:
-                prefix = min(prefix, max(req.logprob_start_len - 1, 0))
-            total = len(fill) - prefix
-            if not self.tree.disable and total > threshold:
-                # a request sharing this uncached prefix is in the batch: wait one round and hit the cache
-                key = (prefix, tuple(fill[prefix: prefix + threshold]))
-                if key in deferred_keys:
-                    continue
-                deferred_keys.add(key)
-            ext = min(total, budget, chunk)
-            if ext < total and self.chunked is not None:
-                continue  # one chunked request at a time
-            need = ext + (self._reserve(req) if ext == total else 0)
-            if need > self.kv_pool.available + self.tree.evictable_size - reserved:
+            added = adder.add_new(req)
+            if added is Added.STOP:
                 break
-            row = self.req_pool.alloc()
-            if row is None:
-                break
-            req.req_pool_idx = row
-            self.tree.inc_lock_ref(match.last_node)
-            req.last_node = match.last_node
-            if prefix:
-                self.req_pool.write(row, 0, match.indices[:prefix])
-            req.kv_len = req.cached_len = prefix
-            if not self._alloc_extend(req, prefix, ext):
-                self._release(req, cache=False)
-                break
-            if prefix:
-                self.tree.record_hit(match.last_node, req.rid)
-            if req.cached_tokens < 0:
-                req.cached_tokens = prefix
-                self.counters.cached_tokens += prefix
-            batch.append(_PrefillItem(req, ext))
-            admitted.append(req)
-            budget -= ext
-            if ext < total:
-                self.chunked = req
-            else:
-                reserved += self._reserve(req)
+            if added is Added.YES:
+                admitted.append(req)
+                if req.cached_tokens < 0:
+                    req.cached_tokens = req.cached_len
+                    self.counters.cached_tokens += req.cached_len
         if admitted:
             ids = {id(r) for r in admitted}
             self.waiting = [r for r in self.waiting if id(r) not in ids]
-        if not batch and self.waiting and not self.running and self.chunked is None and not compiling:
+            self.active.extend(admitted)
+        for item in adder.items:  # what each request does after this round
+            done = item.req.kv_len + item.extend == len(item.req.fill_ids)
+            item.req.status = ReqStatus.RUNNING if done else ReqStatus.CHUNKED
+        if not adder.items and self.waiting and not self.active and not compiling:
             # nothing runs and nothing will free memory: the head request can never fit
             req = self.waiting.pop(0)
             self._fail(req, MemoryError(
                 f"request needs more KV cache than the pool holds ({self.kv_pool.size} tokens)"))
-        return batch
+        return adder.items
 
     def _attach_grammar(self, req: Req) -> bool:
         """Give an admitted request its matcher once its grammar compiled; force the grammar's fixed opening
@@ -304,47 +255,26 @@ class Scheduler:
             req.output_token_logprobs.extend((None, t) for t in ids)
             req.output_top_logprobs.extend([None] * len(ids))
 
-    def _alloc_extend(self, req: Req, start: int, n: int) -> bool:
-        slots = self._alloc(n)
-        if slots is None:
-            return False
-        assert req.req_pool_idx is not None
-        self.req_pool.write(req.req_pool_idx, start, slots)
-        req._pending_slots = slots  # type: ignore[attr-defined]
-        return True
-
-    def _alloc(self, n: int) -> torch.Tensor | None:
-        slots = self.kv_pool.alloc(n)
-        if slots is None:
-            self.tree.evict(n - self.kv_pool.available)
-            slots = self.kv_pool.alloc(n)
-        return slots
-
     # ---- prefill ---------------------------------------------------------------------------------------
-    def _run_prefill(self, batch: list[_PrefillItem]) -> None:
+    def _run_prefill(self, batch: list[PrefillItem]) -> None:
         reqs = [item.req for item in batch]
-        ids, positions, locs = [], [], []
+        ids: list[int] = []
         for item in batch:
             r = item.req
             ids.extend(r.fill_ids[r.kv_len: r.kv_len + item.extend])
-            positions.append(torch.arange(r.kv_len, r.kv_len + item.extend))
-            locs.append(r._pending_slots)  # type: ignore[attr-defined]
-        dev = self.runner.device
-        fb = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.cat(positions).to(dev),
-            out_cache_loc=torch.cat(locs),
+        spec = BatchSpec(
+            input_ids=ids,
+            out_cache_loc=torch.cat([r.new_slots for r in reqs]),  # type: ignore[misc]
             req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],
-            req_to_token=self.req_pool.req_to_token,
         )
-        hidden = self._forward(fb, reqs)
+        hidden = self._forward(spec, reqs)
         if hidden is None:
             return
         self.counters.prefill_batches += 1
-        self.counters.prefill_tokens += fb.num_tokens
-        self.counters.recent.append((time.perf_counter(), 0, fb.num_tokens))
+        self.counters.prefill_tokens += spec.num_tokens
+        self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))
 
         to_sample: list[Req] = []
         rows: list[int] = []
@@ -356,11 +286,10 @@ class Scheduler:
                 if not r.input_logprobs_done:
                     self._input_logprobs(r, hidden, offset, item.extend, start)
                 r.kv_len = start + item.extend
-                if r.kv_len < len(r.fill_ids):  # a chunk of a long prompt: share it, continue next round
-                    self._cache_unfinished(r)
-                else:
+                r.new_slots = None
+                self.kv.cache_unfinished(r)  # share what is computed (a chunk, or the whole prompt)
+                if r.kv_len == len(r.fill_ids):
                     r.input_logprobs_done = True
-                    self._cache_unfinished(r)
                     if r.remaining_new_tokens() <= 0:
                         self._finish(r, {"type": "length", "length": r.sampling.max_new_tokens})
                     else:
@@ -371,19 +300,20 @@ class Scheduler:
             offset += item.extend
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
-            extending = {id(r) for r in self.extending}
-            self.running.extend(r for r in to_sample if not r.finished and id(r) not in extending)
 
-    def _forward(self, fb: ForwardBatch, reqs: list[Req]) -> Any:
+    def _forward(self, spec: BatchSpec, reqs: list[Req]) -> Any:
         """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
         only: their new slots are already in their rows, so count them in before releasing."""
-        fb.shared_len = self._shared_prefix_len(fb.req_pool_indices, min(fb.prefix_lens))
+        shared = self.kv.shared_prefix_len(reqs)
+        spec.shared_len = shared if shared >= MIN_SHARED_PREFIX else 0
+        self.counters.cascade_batches += spec.shared_len > 0
         t0 = time.perf_counter()
         try:
-            hidden = self.runner.forward(fb)
+            hidden = self.runner.forward(spec)
         except Exception as e:
-            for r, ext in zip(list(reqs), fb.extend_lens):
+            for r, ext in zip(list(reqs), spec.extend_lens):
                 r.kv_len += ext
+                r.new_slots = None
                 self._fail(r, e)
             return None
         self.counters.forward_seconds += time.perf_counter() - t0
@@ -413,57 +343,47 @@ class Scheduler:
 
     # ---- decode ----------------------------------------------------------------------------------------
     def _run_decode(self) -> None:
+        t0 = time.perf_counter()
+        self._decode_round()
+        self.counters.decode_seconds += time.perf_counter() - t0
+
+    def _decode_round(self) -> None:
         self._make_room_for_decode()
-        reqs = self.running
+        reqs = self._with(ReqStatus.RUNNING)
         if not reqs:
             return
-        slots = self._alloc(len(reqs))
+        slots = self.kv.alloc(len(reqs))
         assert slots is not None, "decode room was ensured"
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.req_pool.write_points(rows.to(slots.device), kv_lens.to(slots.device), slots)
-        dev = self.runner.device
-        fb = ForwardBatch(
-            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=dev),
-            positions=kv_lens.to(dev),
-            out_cache_loc=slots,
-            req_pool_indices=rows.tolist(),
-            prefix_lens=kv_lens.tolist(),
-            extend_lens=[1] * len(reqs),
-            req_to_token=self.req_pool.req_to_token,
-        )
-        hidden = self._forward(fb, reqs)
+        rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
+        dev = slots.device
+        self.req_pool.write_points(torch.tensor(rows, device=dev), torch.tensor(kv_lens, device=dev), slots)
+        spec = BatchSpec(input_ids=[r.output_ids[-1] for r in reqs], out_cache_loc=slots,
+                         req_pool_indices=rows, prefix_lens=kv_lens, extend_lens=[1] * len(reqs))  # type: ignore[arg-type]
+        hidden = self._forward(spec, reqs)
         if hidden is None:
             return
         self.counters.decode_steps += 1
         for r in reqs:
             r.kv_len += 1
-        self._sample_and_advance(list(reqs), hidden, None)
+        self._sample_and_advance(reqs, hidden, None)
         self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
 
-    def _shared_prefix_len(self, rows: list[int], limit: int) -> int:
-        """How many leading KV slots all these requests have in common (0 when too few to matter)."""
-        if len(rows) < 2 or limit < MIN_SHARED_PREFIX:
-            return 0
-        table = self.req_pool.req_to_token[torch.tensor(rows, device=self.runner.device), :limit]  # (B, limit)
-        differs = (table != table[:1]).any(0).nonzero()
-        n = int(differs[0]) if len(differs) else limit
-        return n if n >= MIN_SHARED_PREFIX else 0
-
     def _make_room_for_decode(self) -> None:
-        need = len(self.running)
-        short = need - self.kv_pool.available
+        running = self._with(ReqStatus.RUNNING)
+        short = len(running) - self.kv_pool.available
         if short > 0:
             self.tree.evict(short)
         # retract the requests with the most work left until one slot per request fits
-        while self.running and len(self.running) > self.kv_pool.available:
-            victim = max(self.running, key=lambda r: (r.remaining_new_tokens(), -len(r.output_ids)))
-            self.running.remove(victim)
+        while running and len(running) > self.kv_pool.available:
+            victim = max(running, key=lambda r: (r.remaining_new_tokens(), -len(r.output_ids)))
+            running.remove(victim)
             self._retract(victim)
-            self.tree.evict(len(self.running) - self.kv_pool.available)
+            self.tree.evict(len(running) - self.kv_pool.available)
 
     def _retract(self, req: Req) -> None:
-        self._release(req, cache=True)
+        self.kv.release(req, cache=True)
+        self.active.remove(req)
+        req.status = ReqStatus.WAITING
         req.num_retractions += 1
         self.counters.retractions += 1
         self.waiting.insert(0, req)
@@ -503,8 +423,6 @@ class Scheduler:
                     r.on_update(r)
             except Exception as e:
                 self._fail(r, e)
-        extending = {id(r) for r in self.extending}
-        self.running = [r for r in self.running if not r.finished and id(r) not in extending]
 
     def _grammar_mask(self, reqs: list[Req]) -> Callable[[torch.Tensor], None] | None:
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
@@ -515,7 +433,8 @@ class Scheduler:
         backend = self.grammar()
         bitmask = backend.allocate_bitmask(len(reqs))
         backend.fill_bitmasks([reqs[i].grammar for i in rows], bitmask, rows)
-        return lambda logits: apply_bitmask(logits, bitmask, rows)
+        # filled on the host; the logits may be on a GPU
+        return lambda logits: apply_bitmask(logits, bitmask.to(logits.device, non_blocking=True), rows)
 
     def _jump_forward(self, req: Req) -> None:
         """The grammar admits one continuation: append its canonical tokens now (re-tokenizing the last few
@@ -532,9 +451,7 @@ class Scheduler:
             return
         k = jf.rollback_tokens
         if k:  # drop the last k tokens; the newest had no KV yet, the other k - 1 did (request-owned)
-            new_kv = fill_len - k
-            self.kv_pool.free(self.req_pool.req_to_token[req.req_pool_idx, new_kv: req.kv_len].clone())
-            req.kv_len = new_kv
+            self.kv.truncate(req, fill_len - k)
             del req.output_ids[-k:], req.forced[-k:]
             if req.return_logprob:
                 del req.output_token_logprobs[-k:], req.output_top_logprobs[-k:]
@@ -545,7 +462,7 @@ class Scheduler:
         if req.grammar.stop_is_forced():  # the forced text completed the grammar: no forward needed
             self._finish(req, {"type": "stop", "matched": self.eos_ids[0]})
             return
-        self.extending.append(req)
+        req.status = ReqStatus.EXTENDING
 
     def _check_finish(self, req: Req, token: int) -> None:
         sp = req.sampling
@@ -595,9 +512,18 @@ class Scheduler:
         return False
 
     def _finish(self, req: Req, reason: dict[str, Any], cache: bool = True) -> None:
+        """End the request: release its KV (to the tree when cache), then leave the queues, then tell the
+        caller (in that order: an observer never sees an idle engine with this request's locks held)."""
         req.finish_reason = reason
         req.finished_time = time.perf_counter()
-        self._release(req, cache=cache)
+        self.kv.release(req, cache=cache)
+        req.new_slots = None
+        if req.status is ReqStatus.WAITING:
+            if req in self.waiting:
+                self.waiting.remove(req)
+        elif req in self.active:
+            self.active.remove(req)
+        req.status = ReqStatus.FINISHED
         c = self.counters
         if reason["type"] == "abort":
             c.requests_aborted += 1
@@ -613,62 +539,13 @@ class Scheduler:
         req.error = exc
         self.counters.requests_failed += 1
         self._finish(req, {"type": "abort", "message": f"{type(exc).__name__}: {exc}"}, cache=False)
-        for queue_ in (self.running, self.waiting, self.extending):
-            if req in queue_:
-                queue_.remove(req)
-
-    # ---- KV ownership ----------------------------------------------------------------------------------
-    def _cache_unfinished(self, req: Req) -> None:
-        """Hand the computed prefix of a live request to the tree so others can share it; keep it locked."""
-        if self.tree.disable:
-            return
-        row = req.req_pool_idx
-        slots = self.req_pool.req_to_token[row, : req.kv_len]
-        key = req.fill_ids[: req.kv_len]
-        present = self.tree.insert(key, slots)
-        if present > req.cached_len:  # someone else cached these first: drop our copies
-            self.kv_pool.free(slots[req.cached_len: present].clone())
-        match = self.tree.match_prefix(key)
-        assert len(match.indices) == req.kv_len
-        self.req_pool.write(row, 0, match.indices)
-        self.tree.inc_lock_ref(match.last_node)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.last_node = match.last_node
-        req.cached_len = req.kv_len
-
-    def _release(self, req: Req, cache: bool) -> None:
-        """Give back the request's row, its own KV slots (to the tree when cache) and its lock."""
-        row = req.req_pool_idx
-        if row is None:
-            return
-        slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
-        own_from = req.cached_len
-        if cache and not self.tree.disable and req.kv_len > 0:
-            own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots)
-            self.kv_pool.free(slots[own_from: max(own_until, own_from)])
-        else:
-            self.kv_pool.free(slots[own_from:])
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        self.req_pool.free(row)
-        req.req_pool_idx, req.last_node, req.kv_len, req.cached_len = None, None, 0, 0
-        if self.chunked is req:
-            self.chunked = None
 
     def _apply_aborts(self) -> None:
         if not self._aborts:
             return
         for req in self._live():
             if req.rid in self._aborts and not req.finished:
-                # release first, then leave the queues: an observer never sees idle with locks still held
                 self._finish(req, {"type": "abort", "message": "aborted"})
-                if req in self.waiting:
-                    self.waiting.remove(req)
-                if req in self.running:
-                    self.running.remove(req)
-                if req in self.extending:
-                    self.extending.remove(req)
         self._aborts.clear()
 
     def _flush_now(self) -> None:

@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from sgnb.engine.attention import make_attention_backend, resolve_backend_name
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.forward_batch import ForwardBatch
+from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
-from sgnb.engine.model_loader import ModelSource, load_state_dict
+from sgnb.engine.model_loader import ModelSource
 from sgnb.engine.model_runner import kv_pool_slots, resolve_device, resolve_dtype
-from sgnb.engine.models.llama import LlamaForCausalLM
+from sgnb.engine.models.registry import build_model
 from sgnb.engine.tensor_parallel import TPGroup, check_tp_size, shard_layout
 
 log = logging.getLogger("sgnb.engine")
@@ -171,6 +172,7 @@ class TPModelRunner:
         self.dtype = resolve_dtype(config.dtype, worker_device)
         self.device = torch.device("cpu")
         self.placement = f"{where} ({size} tensor-parallel worker{'s' if size > 1 else ''})"
+        self.attention_backend = resolve_backend_name(config.attention_backend, worker_device)  # what workers run
         self.context_length = config.context_length or mcfg.max_position_embeddings
         self._io_lock = threading.Lock()  # one exchange with the workers at a time; pipes are read under it
         self._fatal: WorkerError | None = None
@@ -220,19 +222,15 @@ class TPModelRunner:
         return [p.pid for p in self._procs]
 
     # ---- the runner contract --------------------------------------------------------------------------------
-    def forward(self, fb: ForwardBatch) -> RemoteHidden:
+    def forward(self, spec: BatchSpec) -> RemoteHidden:
         """Run the batch on every worker; returns the logits of each request's last row (see RemoteHidden)."""
         rows, cols, vals = self.req_pool.take_writes()
-        last_rows = (np.cumsum(fb.extend_lens) - 1).tolist()
-        payload = {
-            "input_ids": fb.input_ids.numpy(), "positions": fb.positions.numpy(),
-            "out_cache_loc": fb.out_cache_loc.numpy(), "req_pool_indices": list(fb.req_pool_indices),
-            "prefix_lens": list(fb.prefix_lens), "extend_lens": list(fb.extend_lens), "shared_len": fb.shared_len,
-            "writes": (rows.numpy(), cols.numpy(), vals.numpy()), "logit_rows": last_rows,
-        }
+        last_rows = spec.last_rows()
+        payload = {"batch": spec.to_wire(), "writes": (rows.numpy(), cols.numpy(), vals.numpy()),
+                   "logit_rows": last_rows}
         logits = self._call("forward", payload)
         self._step += 1
-        return RemoteHidden(self._step, fb.num_tokens, {r: i for i, r in enumerate(last_rows)}, logits)
+        return RemoteHidden(self._step, spec.num_tokens, {r: i for i, r in enumerate(last_rows)}, logits)
 
     def logits(self, hidden: RemoteHidden, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
         """Logits of `rows` of the latest forward: from what came back with it, else from the workers (then
@@ -452,14 +450,8 @@ class _Worker:
                                                  init_method=spec.init_method, world_size=spec.size, rank=spec.rank)
             group = torch.distributed.group.WORLD
         self.layout = shard_layout(mcfg, spec.rank, spec.size)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(mcfg, spec.context_length, TPGroup(self.layout, group))
-        if spec.source.dummy:
-            model.init_dummy_weights(device, self.dtype, config.random_seed)
-        else:
-            state = load_state_dict(spec.source, device, self.dtype, shard=model.shard_tensor if spec.size > 1 else None)
-            model.load_hf_state_dict(state, device, self.dtype)
-        self.model = model.eval()
+        self.model = build_model(mcfg, spec.source, device, self.dtype, spec.context_length,
+                                 TPGroup(self.layout, group), seed=config.random_seed)
         self.kv_capacity = kv_pool_slots(config, mcfg, self.kv_dtype, device, self.layout.num_kv_heads,
                                          spec.context_length)
         self.kv_cache: KVCache | None = None
@@ -470,6 +462,8 @@ class _Worker:
         mcfg = self.spec.source.config
         self.kv_cache = KVCache(slots, mcfg.num_hidden_layers, self.layout.num_kv_heads, mcfg.head_dim,
                                 self.kv_dtype, self.device)
+        self.attn = make_attention_backend(self.spec.config.attention_backend, self.kv_cache, self.layout.num_heads,
+                                           self.layout.num_kv_heads, mcfg.head_dim, self.device)
         self.req_to_token = torch.zeros(self.spec.config.max_running_requests + 8, self.spec.context_length + 1,
                                         dtype=torch.int64, device=self.device)
 
@@ -498,13 +492,9 @@ class _Worker:
         dev = self.device
         rows, cols, vals = (torch.from_numpy(a).to(dev) for a in p["writes"])
         self.req_to_token[rows, cols] = vals  # now equal to the scheduler's table
-        fb = ForwardBatch(
-            input_ids=torch.from_numpy(p["input_ids"]).to(dev),
-            positions=torch.from_numpy(p["positions"]).to(dev),
-            out_cache_loc=torch.from_numpy(p["out_cache_loc"]).to(dev),
-            req_pool_indices=p["req_pool_indices"], prefix_lens=p["prefix_lens"], extend_lens=p["extend_lens"],
-            req_to_token=self.req_to_token, kv_cache=self.kv_cache, shared_len=p["shared_len"],
-        )
+        fb = ForwardBatch.build(BatchSpec.from_wire(p["batch"]), self.req_to_token, dev)
+        fb.attn_backend = self.attn
+        self.attn.init_forward_metadata(fb)
         self.hidden = self.model(fb)  # (T, hidden), the same on every rank
         return self.model.compute_logits(self.hidden[p["logit_rows"]])  # (R, vocab) on rank 0, else None
 

@@ -1,10 +1,13 @@
-"""Rotary position embedding (rotate-half layout, as in HF Llama), reference."""
+"""Rotary position embedding (rotate-half layout, as in HF Llama): the tables, the torch reference, and an
+in-place Triton kernel that rotates q and k of a batch in one launch."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from ._triton_utils import jit, next_pow2, tl, use_triton
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -41,3 +44,73 @@ def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     x1, x2 = xf[..., :half], xf[..., half:]  # (T, H, D/2) each
     c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, D/2)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def apply_rope_inplace_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope's contract through apply_rope_ref: q and k rotated in place at their tokens' positions."""
+    c, s = cos[positions], sin[positions]  # (T, D/2)
+    q.copy_(apply_rope_ref(q, c, s))
+    k.copy_(apply_rope_ref(k, c, s))
+    return q, k
+
+
+@jit
+def _rotate_heads(base, head_stride, n_heads, HALF, c, s, d, d_mask, BLOCK_H: tl.constexpr):
+    """Rotate the n_heads heads of one token at base in place; c, s (1, BLOCK_HALF) fp32."""
+    h = tl.arange(0, BLOCK_H)
+    offs = h[:, None] * head_stride + d[None, :]  # (BLOCK_H, BLOCK_HALF): the first half of each head
+    mask = (h[:, None] < n_heads) & d_mask[None, :]
+    x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(base + offs, (x1 * c - x2 * s).to(base.dtype.element_ty), mask=mask)
+    tl.store(base + offs + HALF, (x2 * c + x1 * s).to(base.dtype.element_ty), mask=mask)
+
+
+@jit
+def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+                 cos_stride, H, HKV, HALF,
+                 BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # one program per token: its position's angles are loaded once for all q and k heads
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    d_mask = d < HALF
+    c = tl.load(cos_ptr + pos * cos_stride + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_HALF)
+    s = tl.load(sin_ptr + pos * cos_stride + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_HALF)
+    _rotate_heads(q_ptr + t * q_stride_t, q_stride_h, H, HALF, c, s, d, d_mask, BLOCK_H)
+    _rotate_heads(k_ptr + t * k_stride_t, k_stride_h, HKV, HALF, c, s, d, d_mask, BLOCK_HKV)
+
+
+def _apply_rope_triton(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    assert q.dim() == 3 and k.dim() == 3, (q.shape, k.shape)
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    assert k.shape == (T, Hkv, D) and D % 2 == 0, (q.shape, k.shape)
+    assert q.stride(2) == 1 and k.stride(2) == 1, f"head dim must be contiguous: {q.stride()}, {k.stride()}"
+    assert positions.shape == (T,) and not positions.is_floating_point() and positions.stride(0) == 1, (
+        positions.shape, positions.dtype)
+    assert cos.dim() == 2 and cos.shape[1] == D // 2 and sin.shape == cos.shape, (cos.shape, sin.shape, D)
+    assert cos.stride() == sin.stride() and cos.stride(1) == 1, (cos.stride(), sin.stride())
+    assert q.device == k.device == positions.device == cos.device == sin.device
+    if T == 0:
+        return q, k
+    BLOCK_H, BLOCK_HKV, BLOCK_HALF = next_pow2(H), next_pow2(Hkv), next_pow2(D // 2)
+    _rope_kernel[(T,)](q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                       cos.stride(0), H, Hkv, D // 2, BLOCK_H=BLOCK_H, BLOCK_HKV=BLOCK_HKV, BLOCK_HALF=BLOCK_HALF,
+                       num_warps=min(max(BLOCK_H * BLOCK_HALF // 512, 1), 8))
+    return q, k
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q (T, H, D) and k (T, Hkv, D) IN PLACE at positions (T,) int; returns (q, k).
+
+    q and k may be strided views (e.g. of a fused qkv output) with a contiguous last dim. cos/sin (P, D/2) are
+    rope_cos_sin's float32 tables; positions must be < P (not checked: that would sync the GPU). Rotate-half
+    layout, float32 math, exactly apply_rope_ref. Triton on CUDA (one launch), apply_rope_inplace_ref on CPU.
+    """
+    if use_triton(q):
+        return _apply_rope_triton(q, k, positions, cos, sin)
+    return apply_rope_inplace_ref(q, k, positions, cos, sin)

@@ -16,12 +16,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sgnb.engine.config import SCHEDULE_POLICIES, EngineConfig
+from sgnb.engine.config import ATTENTION_BACKENDS, SCHEDULE_POLICIES, EngineConfig
 
 _NOT_OPTIONS = {"model_path", "extra"}
 # SGLang's flag spellings, accepted too
 _ALIASES = {"model_path": ["--model", "--model-path"], "tp_size": ["--tp-size", "--tp", "--tensor-parallel-size"]}
-_CHOICES: dict[str, Sequence[str]] = {"schedule_policy": SCHEDULE_POLICIES}
+_CHOICES: dict[str, Sequence[str]] = {"schedule_policy": SCHEDULE_POLICIES, "attention_backend": ATTENTION_BACKENDS}
 _HELP = {"tp_size": "tensor parallelism: shard the model over N worker processes (one per GPU; gloo ranks on CPU) ",
          "tp_workers": "run the model in a worker process even at tp size 1 "}
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter (the kernel tests, and the engine with
+# attention_backend="triton"). Triton reads this when a kernel is decorated, i.e. when sgnb.kernels' modules
+# are first imported, so it is set before any test imports them. The CPU engine's dispatchers still take the
+# torch references: only CUDA tensors go to Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,14 @@
 
 RMSNorm, RoPE (incl. llama3 scaling), grouped-query attention, SwiGLU MLP, optional tied embeddings and q/k/v
 bias. Operates on flat token batches (T tokens from many requests); attention reads the KV pool.
-Weights use Hugging Face tensor names so an HF checkpoint loads as is.
+Parameters use Hugging Face names, except that q/k/v are fused into one `qkv_proj` and gate/up into one
+`gate_up_proj` (one wider GEMM each); `load_hf_state_dict` stacks an HF checkpoint's tensors into them.
 
 Tensor parallelism (one definition for every tp size): built with a `TPGroup`, each module holds its rank's
 shard (see `SHARDING`): q/k/v and gate/up are column-parallel (whole KV groups per rank, so attention needs no
 communication), o_proj and down_proj row-parallel (an all-reduce after each), the embedding and lm_head
-vocab-parallel. With the default single-rank group every shard is the whole tensor and the collectives are
-no-ops.
+vocab-parallel; a fused parameter holds this rank's shard of each of its parts, stacked. With the default
+single-rank group every shard is the whole tensor and the collectives are no-ops.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from torch import nn
 from sgnb.engine.forward_batch import ForwardBatch
 from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.tensor_parallel import TPGroup
-from sgnb.kernels.attention import paged_attention_ref
-from sgnb.kernels.norm import rms_norm_ref
-from sgnb.kernels.rope import apply_rope_ref, rope_cos_sin, rope_inv_freq
+from sgnb.kernels.activation import silu_and_mul
+from sgnb.kernels.norm import fused_add_rms_norm, rms_norm
+from sgnb.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -32,8 +33,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_ref(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        """norm(x); with a residual: residual += x in place, then (norm(residual), residual)."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 # How each HF tensor is split across ranks: name suffix -> (dim, unit of ShardLayout). Others are replicated.
@@ -46,12 +50,27 @@ SHARDING: dict[str, tuple[int, str]] = {
     "mlp.down_proj.weight": (1, "intermediate"),
     "model.embed_tokens.weight": (0, "vocab"), "lm_head.weight": (0, "vocab"),
 }
+# Fused parameters: one wider GEMM instead of several (q/k/v; gate/up), stacked along dim 0 from the HF tensors.
+FUSED: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 def shard_of(name: str) -> tuple[int, str] | None:
-    """(dim, unit) along which tensor `name` is split, or None when every rank holds all of it."""
+    """(dim, unit) along which HF tensor `name` is split, or None when every rank holds all of it."""
     parts = name.split(".")
     return SHARDING.get(".".join(parts[-3:])) or SHARDING.get(".".join(parts[-2:]))
+
+
+def hf_names(name: str) -> list[str]:
+    """The HF tensors our parameter `name` is made of, in stacking order (itself when it is not fused)."""
+    module, _, leaf = name.rpartition(".")
+    for ours, parts in FUSED.items():
+        if module.endswith(ours):
+            base = module[: -len(ours)]
+            return [f"{base}{p}.{leaf}" for p in parts]
+    return [name]
 
 
 class Attention(nn.Module):
@@ -61,27 +80,22 @@ class Attention(nn.Module):
         self.tp = tp
         # this rank's heads (all of them at tp size 1)
         self.num_heads, self.num_kv_heads, self.head_dim = tp.layout.num_heads, tp.layout.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # (T, H, D)
-        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        q, k = apply_rope_ref(q, cos, sin), apply_rope_ref(k, cos, sin)
-        kv = fb.kv_cache
-        assert kv is not None, "the runner attaches its KV storage to the batch"
-        k_buf, v_buf = kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id]
-        k_buf[fb.out_cache_loc] = k.to(k_buf.dtype)
-        v_buf[fb.out_cache_loc] = v.to(v_buf.dtype)
-        o = paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
-                                fb.extend_lens, self.scale, fb.shared_len)  # (T, H, D)
-        return self.tp.all_reduce(self.o_proj(o.reshape(T, self.num_heads * self.head_dim)))  # (T, hidden)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # strided views
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        apply_rope(q, k, positions, *rope)  # in place
+        assert fb.attn_backend is not None, "the runner attaches its attention backend to the batch"
+        o = fb.attn_backend.forward(q, k, v, self, fb)  # (T, H, D); stores k, v in the pool first
+        return self.tp.all_reduce(self.o_proj(o.reshape(T, self.q_size)))  # (T, hidden)
 
 
 class MLP(nn.Module):
@@ -89,12 +103,11 @@ class MLP(nn.Module):
         super().__init__()
         self.tp = tp
         inter = tp.layout.intermediate_size  # this rank's columns
-        self.gate_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))  # (T, hidden)
 
 
 class VocabEmbedding(nn.Module):
@@ -122,9 +135,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (this layer's MLP output, the running sum before it). The sums happen inside the
+        next norm (fused add + RMSNorm): h = residual + attn(norm(residual)), out = h + mlp(norm(h))."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, rope, fb)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -163,10 +184,13 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states after the final norm for every new token: (T, hidden)."""
         assert self.rope_cos is not None and self.rope_sin is not None, "load or init weights first"
         x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
-        cos, sin = self.rope_cos[fb.positions], self.rope_sin[fb.positions]  # (T, D)
+        rope = (self.rope_cos, self.rope_sin)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, fb)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, fb.positions, rope, fb)
+        if residual is None:  # no layers
+            return self.model.norm(x)
+        return self.model.norm(x, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -174,7 +198,19 @@ class LlamaForCausalLM(nn.Module):
         gets the logits (the others get None)."""
         return self.tp.gather_vocab(self.lm_head(hidden).float())
 
-    def shard_tensor(self, name: str, tensor: Any) -> torch.Tensor:
+    # ---- weights ---------------------------------------------------------------------------------------------
+    def fused_sizes(self, name: str, whole: bool = False) -> list[int]:
+        """Rows of each HF part of the fused parameter `name` (this rank's, or the whole model's)."""
+        cfg = self.config
+        if ".qkv_proj." in name:
+            if whole:
+                return [cfg.q_size, cfg.kv_size, cfg.kv_size]
+            layout = self.tp.layout
+            return [layout.num_heads * cfg.head_dim] + [layout.num_kv_heads * cfg.head_dim] * 2
+        assert ".gate_up_proj." in name, name
+        return [cfg.intermediate_size if whole else self.tp.layout.intermediate_size] * 2
+
+    def shard_hf(self, name: str, tensor: Any) -> torch.Tensor:
         """This rank's part of the full HF tensor `name` (a tensor or a safetensors slice, which then reads
         only that part). The whole tensor when the model is not sharded or the tensor is replicated."""
         spec = shard_of(name) if self.tp.size > 1 else None
@@ -184,48 +220,72 @@ class LlamaForCausalLM(nn.Module):
         start, end = self.tp.layout.span(unit, self.config.head_dim)
         return tensor[start:end] if dim == 0 else tensor[:, start:end]
 
+    def shard_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the whole model's parameter `name` (HF names too): a fused parameter is split
+        into its HF parts, each part sharded, and the shards stacked again."""
+        parts = hf_names(name)
+        if len(parts) == 1:
+            return self.shard_hf(name, tensor)
+        pieces = tensor.split(self.fused_sizes(name, whole=True))
+        return torch.cat([self.shard_hf(p, t) for p, t in zip(parts, pieces)])
+
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
-        """Adopt HF-named tensors (works on a model built on the meta device: no init, no copy when the
-        checkpoint already has the right dtype and device). Every parameter must be given; lm_head may be tied.
-        A sharded model takes this rank's shards: `load_state_dict(source, ..., shard=model.shard_tensor)`."""
-        own = dict(self.named_parameters())
+        """Adopt HF-named tensors (this rank's shards when sharded: `load_state_dict(source, ...,
+        shard=model.shard_hf)`), fusing q/k/v and gate/up. Works on a model built on the meta device: no init,
+        and no copy of unfused tensors that already have the right dtype and device. Every parameter must be
+        given; lm_head may be tied."""
         tied = self.config.tie_word_embeddings
-        missing = [n for n in own if n not in state and not (n == "lm_head.weight" and tied)]
+        state = {n: t for n, t in state.items()
+                 if not n.endswith("rotary_emb.inv_freq") and not (n == "lm_head.weight" and tied)}
+        own = dict(self.named_parameters())
+        wanted = {hf: name for name in own for hf in hf_names(name)}
+        missing = [hf for hf in wanted if hf not in state]
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        unexpected = [n for n in state if n not in wanted]
+        if unexpected:
+            raise ValueError(f"checkpoint has an unexpected tensor {unexpected[0]!r}")
         ours = {}
-        for name, tensor in state.items():
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and tied):
-                continue
-            if name not in own:
-                raise ValueError(f"checkpoint has an unexpected tensor {name!r}")
-            if own[name].shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(own[name].shape)}")
-            ours[name] = tensor.to(device=device, dtype=dtype)
+        for name, param in own.items():
+            parts = hf_names(name)
+            sizes = self.fused_sizes(name) if len(parts) > 1 else [param.shape[0]]
+            for hf, rows in zip(parts, sizes):
+                expected = (rows, *param.shape[1:])
+                if tuple(state[hf].shape) != expected:
+                    raise ValueError(f"{hf}: checkpoint shape {tuple(state[hf].shape)} != model {expected}")
+            if len(parts) == 1:
+                ours[name] = state.pop(parts[0]).to(device=device, dtype=dtype)
+            else:  # stack, then let the parts go (one layer's worth of extra memory at a time)
+                ours[name] = torch.cat([state.pop(hf).to(device=device, dtype=dtype) for hf in parts])
         self.load_state_dict(ours, strict=False, assign=True)
         self.tie_weights()
         self.setup_rope(device)
 
     def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
         """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1.
-        Every tensor is drawn whole from its own seed, then this rank's shard is kept: the model is the same at
-        every tensor-parallel size (so tp outputs can be compared on random weights too)."""
+        Every HF tensor is drawn whole from its own seed, then this rank's shard is kept (and fused parts
+        stacked): the model is the same at every tensor-parallel size (so tp outputs can be compared on random
+        weights too)."""
         self.to_empty(device=device)
         self.to(dtype)
         self.tie_weights()
         with torch.device("meta"):
             whole = LlamaForCausalLM(self.config, self.max_positions)
-        order = {name: i for i, (name, _) in enumerate(whole.named_parameters())}
-        shapes = {name: p.shape for name, p in whole.named_parameters()}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, p in whole.named_parameters():
+            parts = hf_names(name)
+            sizes = whole.fused_sizes(name, whole=True) if len(parts) > 1 else [p.shape[0]]
+            shapes.update((hf, (rows, *p.shape[1:])) for hf, rows in zip(parts, sizes))
+        order = {hf: i for i, hf in enumerate(shapes)}
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if "norm" in name:
                     p.fill_(1.0)
                     continue
-                gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + order[name])
-                if p.shape == shapes[name]:
-                    p.normal_(0.0, 0.02, generator=gen)
-                else:
-                    full = torch.empty(shapes[name], device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
-                    p.copy_(self.shard_tensor(name, full))
+                pieces = []
+                for hf in hf_names(name):
+                    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + order[hf])
+                    full = torch.empty(shapes[hf], device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+                    pieces.append(self.shard_hf(hf, full))
+                p.copy_(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
         self.setup_rope(device)

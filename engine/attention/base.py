@@ -1,0 +1,110 @@
+"""The attention backend contract, and how one is chosen.
+
+A backend belongs to one runner (or tensor-parallel worker) and one KVCache. Per forward:
+
+    backend.init_forward_metadata(fb)      # once: index tensors, kernel plans (never per layer)
+    o = backend.forward(q, k, v, layer, fb) # per layer: store the new K/V at fb.out_cache_loc, then attend
+
+q (T, H, D), k and v (T, Hkv, D) are this rank's heads for the batch's new tokens (k and v may be strided views
+of a fused qkv output); the result is (T, H, D) in q's dtype. Request i's queries attend causally to the keys
+at req_to_token[req_pool_indices[i], :seq_lens[i]] (the new tokens are the last extend_lens[i] of them). With
+fb.shared_len > 0 the first shared_len slots of every request are identical and a backend may read them once for
+the whole batch (cascade). `forward` must not read the device (no syncs): everything it needs on the host is in
+the ForwardBatch's *_cpu fields and in what init_forward_metadata computed.
+
+CUDA graphs (the decode runtime) add capture/replay hooks in the backends that support them; the torch
+reference never runs inside a graph.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from sgnb.engine.config import ATTENTION_BACKENDS
+
+if TYPE_CHECKING:
+    from sgnb.engine.forward_batch import ForwardBatch
+    from sgnb.engine.kv_pool import KVCache
+
+log = logging.getLogger("sgnb.engine")
+
+
+
+class AttentionLayer(Protocol):
+    """What a backend needs to know about the layer calling it."""
+
+    layer_id: int
+    scale: float
+
+
+class AttentionBackend:
+    """Base class: stores K/V through the cache; subclasses implement `init_forward_metadata` and `attend`."""
+
+    name = "base"
+
+    def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.kv_cache = kv_cache
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Build what every layer of this forward shares (index tensors, plans) into fb.attn_metadata."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
+                fb: ForwardBatch) -> torch.Tensor:
+        self.kv_cache.store(layer.layer_id, fb.out_cache_loc, k, v)
+        return self.attend(q, layer, fb)
+
+    def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """The backend `name` stands for on `device` ("auto" resolved); ValueError when it cannot run there."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
+    cuda = device.type == "cuda"
+    if name == "auto":
+        if not cuda:
+            return "torch"
+        return "flashinfer" if flashinfer_available() else "triton"
+    if name == "flashinfer":
+        if not cuda:
+            raise ValueError("attention_backend='flashinfer' needs a CUDA device")
+        if not flashinfer_available():
+            raise ValueError("attention_backend='flashinfer' needs FlashInfer: pip install 'sgnb[flashinfer]'")
+    if name == "triton" and not cuda:
+        if not triton_interpreting():
+            raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1, for tests)")
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("attention_backend='triton' needs the triton package")
+    return name
+
+
+def make_attention_backend(name: str, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int,
+                           device: torch.device) -> AttentionBackend:
+    """The backend `name` ("auto" resolved by resolve_backend_name) over `kv_cache`, for these heads."""
+    resolved = resolve_backend_name(name, device)
+    if resolved == "torch":
+        from sgnb.engine.attention.torch_backend import TorchAttention as cls
+    elif resolved == "triton":
+        from sgnb.engine.attention.triton_backend import TritonAttention as cls
+    else:
+        from sgnb.engine.attention.flashinfer_backend import FlashInferAttention as cls
+    backend = cls(kv_cache, num_heads, num_kv_heads, head_dim)
+    log.info("attention backend: %s (asked for %s, on %s)", resolved, name, device)
+    return backend

@@ -1,0 +1,124 @@
+"""KV ownership: who owns every slot of the pool, and the operations that move slots between owners.
+
+Every slot 1..size is exactly one of: free (in the KVPool's free list), owned by the radix tree (a node's value),
+or owned by a live request (its computed tokens past `cached_len` that are not in the tree yet). So
+`free + tree + owned by requests == pool size` always holds; `check` asserts it. A request's first `cached_len`
+slots are the tree's, protected by the lock on `req.last_node`; the next `kv_len - cached_len` are its own.
+
+Only the scheduler thread calls these (none is thread-safe).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgnb.engine.kv_pool import KVPool, ReqToTokenPool
+from sgnb.engine.radix_cache import MatchResult, RadixCache
+from sgnb.engine.request import Req
+
+
+class KVManager:
+    def __init__(self, kv_pool: KVPool, req_pool: ReqToTokenPool, tree: RadixCache) -> None:
+        self.kv_pool = kv_pool
+        self.req_pool = req_pool
+        self.tree = tree
+
+    @property
+    def available(self) -> int:
+        """Slots that can be had now: free, or held by unlocked tree nodes (evictable)."""
+        return self.kv_pool.available + self.tree.evictable_size
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """n free slots, evicting least-recently-used tree leaves if needed; None when even that is short."""
+        slots = self.kv_pool.alloc(n)
+        if slots is None:
+            self.tree.evict(n - self.kv_pool.available)
+            slots = self.kv_pool.alloc(n)
+        return slots
+
+    def admit(self, req: Req, match: MatchResult, prefix: int) -> bool:
+        """Give a waiting request a table row that starts with the first `prefix` matched slots, locked.
+        False (nothing changed) when no row is free."""
+        row = self.req_pool.alloc()
+        if row is None:
+            return False
+        req.req_pool_idx = row
+        self.tree.inc_lock_ref(match.last_node)
+        req.last_node = match.last_node
+        if prefix:
+            self.req_pool.write(row, 0, match.indices[:prefix])
+        req.kv_len = req.cached_len = prefix
+        return True
+
+    def alloc_extend(self, req: Req, n: int) -> bool:
+        """Slots for the request's next n tokens (positions kv_len ..), written into its row and kept in
+        req.new_slots until the forward; the request owns them. False (nothing changed) when short."""
+        slots = self.alloc(n)
+        if slots is None:
+            return False
+        assert req.req_pool_idx is not None
+        self.req_pool.write(req.req_pool_idx, req.kv_len, slots)
+        req.new_slots = slots
+        return True
+
+    def cache_unfinished(self, req: Req) -> None:
+        """Hand the computed prefix of a live request to the tree so others can share it; keep it locked."""
+        if self.tree.disable:
+            return
+        row = req.req_pool_idx
+        slots = self.req_pool.req_to_token[row, : req.kv_len]
+        key = req.fill_ids[: req.kv_len]
+        present = self.tree.insert(key, slots)
+        if present > req.cached_len:  # someone else cached these first: drop our copies
+            self.kv_pool.free(slots[req.cached_len: present].clone())
+        match = self.tree.match_prefix(key)
+        assert len(match.indices) == req.kv_len
+        self.req_pool.write(row, 0, match.indices)
+        self.tree.inc_lock_ref(match.last_node)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node = match.last_node
+        req.cached_len = req.kv_len
+
+    def release(self, req: Req, cache: bool) -> None:
+        """Give back the request's row, its own KV slots (to the tree when cache) and its lock."""
+        row = req.req_pool_idx
+        if row is None:
+            return
+        slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
+        own_from = req.cached_len
+        if cache and not self.tree.disable and req.kv_len > 0:
+            own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots)
+            self.kv_pool.free(slots[own_from: max(own_until, own_from)])
+        else:
+            self.kv_pool.free(slots[own_from:])
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_pool.free(row)
+        req.req_pool_idx, req.last_node, req.kv_len, req.cached_len = None, None, 0, 0
+
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Drop the request's K/V past position kv_len (its own slots only: kv_len >= cached_len)."""
+        assert req.cached_len <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
+        self.kv_pool.free(self.req_pool.req_to_token[req.req_pool_idx, kv_len: req.kv_len].clone())
+        req.kv_len = kv_len
+
+    def shared_prefix_len(self, reqs: list[Req]) -> int:
+        """How many leading slots all these requests share: the tree path common to their locked nodes,
+        within what each of them uses of it (host only: no device read)."""
+        if len(reqs) < 2:
+            return 0
+        nodes = [r.last_node for r in reqs]
+        if any(n is None for n in nodes):
+            return 0
+        limit = min(r.cached_len for r in reqs)
+        return min(self.tree.common_prefix_depth(nodes), limit)  # type: ignore[arg-type]
+
+    def owned(self, reqs: list[Req]) -> int:
+        return sum(r.kv_len - r.cached_len for r in reqs if r.req_pool_idx is not None)
+
+    def check(self, reqs: list[Req]) -> None:
+        """Assert free + tree + owned by `reqs` (every live request) == pool size."""
+        free, tree, owned = self.kv_pool.available, self.tree.total_size, self.owned(reqs)
+        assert free + tree + owned == self.kv_pool.size, (
+            f"KV accounting broken: free {free} + tree {tree} + owned {owned} != pool {self.kv_pool.size}")

@@ -1,0 +1,56 @@
+"""What the Triton kernels share: whether triton imports, and whether its interpreter was on at import.
+
+The one place that reads TRITON_INTERPRET. Triton decides at decoration time (`@triton.jit`) whether a kernel is
+compiled or interpreted, so the flag is read once, when this module is imported, and kernel modules import it
+before decorating anything. Every kernel module must import without triton: `jit` is then a no-op decorator and
+`tl` is None, which is fine because the kernels' annotations stay strings (`from __future__ import annotations`)
+and their bodies never run (`use_triton` is False).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # CPU installs without triton: only the torch references run
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _unavailable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return fn  # never launched: use_triton() is False without triton
+
+
+jit: Callable[..., Any] = triton.jit if HAS_TRITON else _unavailable
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether a dispatcher runs the Triton kernel for tensor t: only on a GPU. CPU tensors take the torch
+    reference even under TRITON_INTERPRET=1 (the interpreter is for testing the kernels, which tests call
+    through their `_*_triton` wrappers, not for running the CPU engine ~100x slower)."""
+    return HAS_TRITON and t.is_cuda
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of 2 >= n (>= 1): tl.arange needs power-of-2 lengths."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def num_warps_for(block: int, elem_per_thread: int = 8) -> int:
+    """Warps for a 1-D tile of `block` elements, ~elem_per_thread each (16-byte vectors of bf16), 1..16."""
+    return min(max(block // (32 * elem_per_thread), 1), 16)
