@@ -35,6 +35,11 @@ def _unavailable(fn: Callable[..., Any]) -> Callable[..., Any]:
 jit: Callable[..., Any] = triton.jit if HAS_TRITON else _unavailable
 
 
+def constexpr(x: float) -> Any:
+    """A module constant that kernels may read (Triton lets kernels read only constexpr globals)."""
+    return tl.constexpr(x) if HAS_TRITON else x
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Whether a dispatcher runs the Triton kernel for tensor t: only on a GPU. CPU tensors take the torch
     reference even under TRITON_INTERPRET=1 (the interpreter is for testing the kernels, which tests call

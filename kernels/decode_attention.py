@@ -21,24 +21,9 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only install: the torch reference still works
-    triton = tl = None
-    HAS_TRITON = False
-
-
-def _jit(fn):
-    return triton.jit(fn) if HAS_TRITON else fn
-
-
-def _const(x: float):
-    """A module constant that kernels may read (triton only lets them read constexpr globals)."""
-    return tl.constexpr(x) if HAS_TRITON else x
-
+from ._paged import check_pool_args
+from ._triton_utils import HAS_TRITON, constexpr, next_pow2, tl
+from ._triton_utils import jit as _jit
 
 # Tiles for Hopper (H200). The G query heads of a KV head are the rows of one tl.dot, padded to 16: measured on
 # an H200, this beat a vector (no tl.dot) path even for G = 1 (batch 256 x 1k keys, 32 heads, D 128: 1.08 ms
@@ -49,10 +34,10 @@ DECODE_STAGES = 3
 DECODE_REDUCE_WARPS = 2
 
 _HOST_LOG2E = 1.4426950408889634  # log2(e): the wrapper folds it into the scale, so scores are base 2 for exp2
-_LOG2E = _const(_HOST_LOG2E)
-_LN2 = _const(0.6931471805599453)  # ln(2): base-2 lse back to natural log
+_LOG2E = constexpr(_HOST_LOG2E)
+_LN2 = constexpr(0.6931471805599453)  # ln(2): base-2 lse back to natural log
 # finite start of the running max: a fully masked tile then gives exp2(-inf - m) = 0 and alpha = 1, no NaN
-_NEG_BIG = _const(-1.0e30)
+_NEG_BIG = constexpr(-1.0e30)
 
 
 @_jit
@@ -151,25 +136,8 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 def _check_args(q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start, kv_end, out, lse) -> tuple[int, ...]:
     """Shape/stride/dtype checks at the boundary (metadata only: no device reads). Returns (B, H, Hkv, D)."""
-    assert q.dim() == 3 and k_buf.dim() == 3, (q.shape, k_buf.shape)
-    B, H, D = q.shape
-    S, Hkv, Dk = k_buf.shape
-    assert v_buf.shape == k_buf.shape and Dk == D and H % Hkv == 0, (q.shape, k_buf.shape, v_buf.shape)
-    assert D >= 16 and D & (D - 1) == 0, f"head_dim {D} must be a power of two >= 16"
-    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), q.dtype
-    assert k_buf.dtype == v_buf.dtype == q.dtype, (q.dtype, k_buf.dtype, v_buf.dtype)
-    assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1, "last dim must be contiguous"
-    assert req_to_token.dim() == 2 and req_to_token.stride(1) == 1, (req_to_token.shape, req_to_token.stride())
-    for name, t in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("kv_end", kv_end)):
-        assert t.dtype in (torch.int32, torch.int64), (name, t.dtype)
-        assert t.device == q.device, (name, t.device, q.device)
-    assert req_pool_indices.shape == (B,) and kv_end.shape == (B,), (req_pool_indices.shape, kv_end.shape, B)
-    if isinstance(kv_start, torch.Tensor):
-        assert kv_start.shape == (B,) and kv_start.dtype in (torch.int32, torch.int64), kv_start.shape
-        assert kv_start.device == q.device
-    else:
-        assert int(kv_start) >= 0, kv_start
-    assert k_buf.device == v_buf.device == q.device
+    B, H, Hkv, D = check_pool_args(q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start, kv_end)
+    assert q.shape[0] == B, (q.shape, B)
     if out is not None:  # contiguous: the kernels derive its strides from (B, H, D)
         assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), (out.shape, out.stride())
         assert out.device == q.device
@@ -222,13 +190,13 @@ def decode_attention(
         q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start if start_tensor else kv_end, kv_end, po, plse,
         0 if start_tensor else int(kv_start), scale * _HOST_LOG2E, q.stride(0), q.stride(1), k_buf.stride(0),
         k_buf.stride(1), req_to_token.stride(0),
-        G=G, D=D, BLOCK_H=max(16, triton.next_power_of_2(G)), BLOCK_N=DECODE_BLOCK_N, START_TENSOR=start_tensor,
+        G=G, D=D, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=DECODE_BLOCK_N, START_TENSOR=start_tensor,
         WRITE_LSE=num_splits > 1 or lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
     if num_splits > 1:
         _decode_reduce_kernel[(B, H)](
             po, plse, out, lse if lse is not None else plse, D=D, SPLITS=num_splits,
-            SPLITS_P2=triton.next_power_of_2(num_splits), WRITE_LSE=lse is not None,
+            SPLITS_P2=next_pow2(num_splits), WRITE_LSE=lse is not None,
             num_warps=DECODE_REDUCE_WARPS)
     return out
 

@@ -16,24 +16,9 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only install: the torch reference still works
-    triton = tl = None
-    HAS_TRITON = False
-
-
-def _jit(fn):
-    return triton.jit(fn) if HAS_TRITON else fn
-
-
-def _const(x: float):
-    """A module constant that kernels may read (triton only lets them read constexpr globals)."""
-    return tl.constexpr(x) if HAS_TRITON else x
-
+from ._paged import check_pool_args
+from ._triton_utils import HAS_TRITON, cdiv, constexpr, next_pow2, tl
+from ._triton_utils import jit as _jit
 
 # Tiles for Hopper (H200); BLOCK_M shrinks to the batch's longest query run (short chunks, decode-like batches).
 # Measured on an H200 (D 128, bf16, 32 query heads): 64 x 64 tiles, 4 warps, 3 stages (no spills, wgmma) beat
@@ -48,15 +33,15 @@ EXTEND_STAGES = 3
 
 def _extend_config(head_dim: int, max_q_len: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head size and the batch's longest query run."""
-    block_m = min(EXTEND_BLOCK_M, max(EXTEND_MIN_BLOCK_M, triton.next_power_of_2(max(max_q_len, 1))))
+    block_m = min(EXTEND_BLOCK_M, max(EXTEND_MIN_BLOCK_M, next_pow2(max(max_q_len, 1))))
     num_warps = EXTEND_WARPS if block_m >= 64 else 4
     return block_m, EXTEND_BLOCK_N, num_warps, EXTEND_STAGES
 
 
 _HOST_LOG2E = 1.4426950408889634  # log2(e): the wrapper folds it into the scale, so scores are base 2 for exp2
-_LN2 = _const(0.6931471805599453)  # ln(2): base-2 lse back to natural log
+_LN2 = constexpr(0.6931471805599453)  # ln(2): base-2 lse back to natural log
 # finite start of the running max: a fully masked row then gets exp2(-inf - m) = 0 and alpha = 1, no NaN
-_NEG_BIG = _const(-1.0e30)
+_NEG_BIG = constexpr(-1.0e30)
 
 
 @_jit
@@ -167,28 +152,10 @@ def _use_triton(t: torch.Tensor) -> bool:
 def _check_args(q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start, kv_end, out,
                 lse) -> tuple[int, ...]:
     """Shape/stride/dtype checks at the boundary (metadata only: no device reads). Returns (T, B, H, Hkv, D)."""
-    assert q.dim() == 3 and k_buf.dim() == 3, (q.shape, k_buf.shape)
-    T, H, D = q.shape
-    S, Hkv, Dk = k_buf.shape
-    assert v_buf.shape == k_buf.shape and Dk == D and H % Hkv == 0, (q.shape, k_buf.shape, v_buf.shape)
-    assert D >= 16 and D & (D - 1) == 0, f"head_dim {D} must be a power of two >= 16"
-    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), q.dtype
-    assert k_buf.dtype == v_buf.dtype == q.dtype, (q.dtype, k_buf.dtype, v_buf.dtype)
-    assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1, "last dim must be contiguous"
-    assert req_to_token.dim() == 2 and req_to_token.stride(1) == 1, (req_to_token.shape, req_to_token.stride())
-    B = req_pool_indices.shape[0]
-    assert req_pool_indices.shape == (B,) and kv_end.shape == (B,) and qo_indptr.shape == (B + 1,), (
-        req_pool_indices.shape, kv_end.shape, qo_indptr.shape)
-    for name, t in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("kv_end", kv_end),
-                    ("qo_indptr", qo_indptr)):
-        assert t.dtype in (torch.int32, torch.int64), (name, t.dtype)
-        assert t.device == q.device, (name, t.device, q.device)
-    if isinstance(kv_start, torch.Tensor):
-        assert kv_start.shape == (B,) and kv_start.dtype in (torch.int32, torch.int64), kv_start.shape
-        assert kv_start.device == q.device
-    else:
-        assert int(kv_start) >= 0, kv_start
-    assert k_buf.device == v_buf.device == q.device
+    B, H, Hkv, D = check_pool_args(q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start, kv_end)
+    T = q.shape[0]
+    assert qo_indptr.shape == (B + 1,) and qo_indptr.dtype in (torch.int32, torch.int64), qo_indptr.shape
+    assert qo_indptr.device == q.device, (qo_indptr.device, q.device)
     if out is not None:
         assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, (out.shape, out.dtype)
         assert out.device == q.device
@@ -234,7 +201,7 @@ def extend_attention(
         return out
     block_m, block_n, num_warps, num_stages = _extend_config(D, max_q_len)
     start_tensor = isinstance(kv_start, torch.Tensor)
-    _extend_kernel[(B, H, triton.cdiv(max_q_len, block_m))](
+    _extend_kernel[(B, H, cdiv(max_q_len, block_m))](
         q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start if start_tensor else kv_end, kv_end,
         out, lse if lse is not None else out,
         0 if start_tensor else int(kv_start), scale * _HOST_LOG2E,

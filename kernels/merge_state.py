@@ -10,29 +10,13 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only install: the torch reference still works
-    triton = tl = None
-    HAS_TRITON = False
-
-
-def _jit(fn):
-    return triton.jit(fn) if HAS_TRITON else fn
-
-
-def _const(x: float):
-    """A module constant that kernels may read (triton only lets them read constexpr globals)."""
-    return tl.constexpr(x) if HAS_TRITON else x
-
+from ._triton_utils import HAS_TRITON, cdiv, constexpr, next_pow2, tl
+from ._triton_utils import jit as _jit
 
 MERGE_BLOCK_H = 16  # heads per program (fewer when H is smaller)
 MERGE_WARPS = 4
 
-_LOG2E = _const(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
+_LOG2E = constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
 
 
 @_jit
@@ -109,9 +93,9 @@ def merge_state(
         return merge_state_ref(o1, lse1, o2, lse2, out=out, lse_out=lse_out)
     if N == 0 or H == 0:
         return out
-    block_h = min(MERGE_BLOCK_H, triton.next_power_of_2(H))
+    block_h = min(MERGE_BLOCK_H, next_pow2(H))
     lse_strides = (lse_out.stride(0), lse_out.stride(1)) if lse_out is not None else (0, 0)
-    _merge_kernel[(N, triton.cdiv(H, block_h))](
+    _merge_kernel[(N, cdiv(H, block_h))](
         o1, lse1, o2, lse2, out, lse_out if lse_out is not None else lse1, H,
         o1.stride(0), o1.stride(1), lse1.stride(0), lse1.stride(1), o2.stride(0), o2.stride(1),
         lse2.stride(0), lse2.stride(1), out.stride(0), out.stride(1), *lse_strides,

@@ -402,3 +402,27 @@ def test_failed_forward_fails_its_batch_and_frees_its_kv(engine, monkeypatch):
     monkeypatch.undo()
     assert engine.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
     _assert_pool_consistent(engine)
+
+
+def test_text_ids_outside_the_vocabulary_are_refused(tmp_path):
+    """A tokenizer larger than the model's vocabulary (a dummy model with SmolLM2's tokenizer) is caught at the
+    generate() call with a clear error, not as a device-side assert in the embedding."""
+    import json
+
+    from sgnb.engine import Engine
+    from sgnb.engine.model_loader import CONFIGS_DIR
+
+    cfg = json.loads((CONFIGS_DIR / "tiny.json").read_text())
+    cfg["vocab_size"] = 1000  # the SmolLM2 tokenizer has 49,152 ids
+    path = tmp_path / "small-vocab.json"
+    path.write_text(json.dumps(cfg))
+    eng = Engine(f"dummy:{path}", device="cpu", max_total_tokens=256)
+    try:
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            eng.generate("The capital of France is Paris", {"max_new_tokens": 2})
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            eng.generate(input_ids=[5, 1000], sampling_params={"max_new_tokens": 2})
+        out = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+        assert len(out["output_ids"]) == 2 and all(0 <= t < 1000 for t in out["output_ids"])
+    finally:
+        eng.shutdown()
