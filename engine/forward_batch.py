@@ -42,6 +42,10 @@ class BatchSpec:
     prefix_lens: list[int]  # (B,)
     extend_lens: list[int]  # (B,)
     shared_len: int = 0
+    # multimodal: rows of the flat batch whose input embedding is replaced by encoder features (image or video
+    # tokens; their input_ids are placeholders), and those features, (K, hidden) in the model's dtype
+    mm_rows: list[int] | None = None  # (K,)
+    mm_embeds: torch.Tensor | None = None  # (K, hidden), on the runner's device
 
     @property
     def batch_size(self) -> int:
@@ -60,7 +64,8 @@ class BatchSpec:
         return (np.cumsum(self.extend_lens) - 1).tolist()
 
     def to_wire(self) -> dict[str, Any]:
-        """Picklable, torch-free form (numpy arrays) for the tensor-parallel workers."""
+        """Picklable, torch-free form (numpy arrays) for the tensor-parallel workers (text batches only)."""
+        assert not self.mm_rows, "multimodal batches do not run tensor-parallel"
         return {"input_ids": np.asarray(self.input_ids, dtype=np.int64),
                 "out_cache_loc": self.out_cache_loc.cpu().numpy(),
                 "req_pool_indices": self.req_pool_indices, "prefix_lens": self.prefix_lens,
@@ -93,6 +98,8 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     req_to_token: torch.Tensor  # (R, max_context) the table, shared with the scheduler (not a copy)
     shared_len: int = 0
+    mm_rows: torch.Tensor | None = None  # (K,) rows whose embedding is mm_embeds (see BatchSpec)
+    mm_embeds: torch.Tensor | None = None  # (K, hidden)
     attn_backend: AttentionBackend | None = None  # attached by the runner
     attn_metadata: Any = None  # the attention backend's per-forward state
 
@@ -119,10 +126,14 @@ class ForwardBatch:
         if device.type == "cuda":
             buf = buf.pin_memory().to(device, non_blocking=True)
         ids, pos, rows, pre, sl, ptr = buf.split([T, T, B, B, B, B + 1])
+        mm_rows = None
+        if spec.mm_rows:
+            mm_rows = torch.tensor(spec.mm_rows, dtype=torch.int64).to(device, non_blocking=True)
         return cls(
             mode=spec.mode, batch_size=B, num_tokens=T, input_ids=ids, positions=pos,
             out_cache_loc=spec.out_cache_loc.to(device), req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,
             qo_indptr=ptr, req_pool_indices_cpu=list(spec.req_pool_indices), prefix_lens_cpu=list(spec.prefix_lens),
             extend_lens_cpu=list(spec.extend_lens), seq_lens_cpu=seq.tolist(), req_to_token=req_to_token,
-            shared_len=spec.shared_len,
+            shared_len=spec.shared_len, mm_rows=mm_rows,
+            mm_embeds=None if spec.mm_embeds is None else spec.mm_embeds.to(device, non_blocking=True),
         )

@@ -181,9 +181,12 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm for every new token: (T, hidden)."""
+        """Hidden states after the final norm for every new token: (T, hidden). Rows fb.mm_rows take the
+        encoder features fb.mm_embeds instead of a token embedding (a multimodal model's image tokens)."""
         assert self.rope_cos is not None and self.rope_sin is not None, "load or init weights first"
         x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
+        if fb.mm_rows is not None:
+            x[fb.mm_rows] = fb.mm_embeds.to(x.dtype)  # type: ignore[union-attr]
         rope = (self.rope_cos, self.rope_sin)
         residual = None
         for layer in self.model.layers:
