@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from sgnb.engine.media import Placement
 from sgnb.engine.radix_cache import TreeNode
 from sgnb.engine.sampling_params import SamplingParams
 
@@ -40,6 +41,7 @@ class Req:
         self.logprob_start_len = logprob_start_len if return_logprob else -1
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.on_update = on_update
+        self.mm: list[Placement] = []  # images / videos in origin_input_ids (their pad-id spans), by offset
         # scheduler state (scheduler thread only)
         self.status = ReqStatus.WAITING
         self.req_pool_idx: int | None = None
@@ -51,7 +53,10 @@ class Req:
         self.num_retractions = 0
         self.generator: torch.Generator | None = None
         # outputs
-        self.text = ""
+        self.text = ""  # decoded output so far (incremental: see Scheduler._advance_text)
+        self.detok_prefix = 0  # incremental detokenization offsets into output_ids
+        self.detok_read = 0
+        self.stop_scan = 0  # stop strings were searched in text[:stop_scan] already
         self.finish_reason: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.input_token_logprobs: list[tuple] = []

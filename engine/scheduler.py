@@ -28,6 +28,7 @@ from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import EventBus
 from sgnb.engine.forward_batch import BatchSpec
 from sgnb.engine.kv_manager import KVManager
+from sgnb.engine.media import PLACEHOLDER_ID, EncoderCache, is_pad
 from sgnb.engine.model_runner import Runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # xgrammar loads only once a request is constrained (it impor
 
 log = logging.getLogger("sgnb.engine")
 
+DETOK_CONTEXT = 6  # tokens of already-emitted text that incremental detokenization decodes again for context
 LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for input logprobs
 MIN_SHARED_PREFIX = 32  # a batch-wide common prefix at least this long is attended once (cascade)
 
@@ -59,6 +61,8 @@ class Counters:
     forward_seconds: float = 0.0
     decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
     cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
+    encoded_items: int = 0  # images / videos run through the encoder (cache misses)
+    encoder_seconds: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, generated, prefilled)
 
 
@@ -71,6 +75,8 @@ class Scheduler:
         self.req_pool = runner.req_pool
         self.tree = tree
         self.kv = KVManager(runner.kv_pool, runner.req_pool, tree)
+        default_mm = (1 << 30) if runner.device.type == "cuda" else (256 << 20)
+        self.encoder_cache = EncoderCache(config.encoder_cache_bytes or default_mm)
         self.events = events
         self.eos_ids = eos_ids
         self.tokenizer = tokenizer
@@ -257,17 +263,30 @@ class Scheduler:
 
     # ---- prefill ---------------------------------------------------------------------------------------
     def _run_prefill(self, batch: list[PrefillItem]) -> None:
+        batch, features = self._encode_media(batch)
+        if not batch:
+            return
         reqs = [item.req for item in batch]
         ids: list[int] = []
+        mm_rows: list[int] = []
+        mm_parts: list[torch.Tensor] = []
         for item in batch:
             r = item.req
-            ids.extend(r.fill_ids[r.kv_len: r.kv_len + item.extend])
+            lo, hi = r.kv_len, r.kv_len + item.extend
+            for p in r.mm:  # the part of each image inside this chunk: placeholder ids, the features' rows
+                a, b = max(lo, p.offset), min(hi, p.end)
+                if a < b:
+                    mm_rows.extend(range(len(ids) + a - lo, len(ids) + b - lo))
+                    mm_parts.append(features[p.item.hash][a - p.offset: b - p.offset])
+            ids.extend(t if not is_pad(t) else PLACEHOLDER_ID for t in r.fill_ids[lo:hi])
         spec = BatchSpec(
             input_ids=ids,
             out_cache_loc=torch.cat([r.new_slots for r in reqs]),  # type: ignore[misc]
             req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],
+            mm_rows=mm_rows or None,
+            mm_embeds=torch.cat(mm_parts) if mm_parts else None,
         )
         hidden = self._forward(spec, reqs)
         if hidden is None:
@@ -301,6 +320,35 @@ class Scheduler:
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
 
+    def _encode_media(self, batch: list[PrefillItem]) -> tuple[list[PrefillItem], dict[str, torch.Tensor]]:
+        """The encoder features of every image / video part this batch computes, by content hash: from the
+        encoder cache, else one encoder pass per distinct item (then cached). A request whose image fails to
+        encode fails alone (its new slots, already in its row, are counted in before release)."""
+        kept, features = [], {}
+        for item in batch:
+            r = item.req
+            lo, hi = r.kv_len, r.kv_len + item.extend
+            try:
+                for p in r.mm:
+                    key = p.item.hash
+                    if p.offset >= hi or p.end <= lo or key in features:
+                        continue
+                    feats = self.encoder_cache.get(key)
+                    if feats is None:
+                        t0 = time.perf_counter()
+                        feats = self.runner.encode(p.item)  # (num_tokens, hidden)
+                        self.counters.encoder_seconds += time.perf_counter() - t0
+                        self.counters.encoded_items += 1
+                        self.encoder_cache.put(key, feats)
+                    features[key] = feats
+            except Exception as e:
+                r.kv_len += item.extend
+                r.new_slots = None
+                self._fail(r, e)
+                continue
+            kept.append(item)
+        return kept, features
+
     def _forward(self, spec: BatchSpec, reqs: list[Req]) -> Any:
         """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
         only: their new slots are already in their rows, so count them in before releasing."""
@@ -332,9 +380,11 @@ class Scheduler:
         for c in range(first, last, LOGITS_CHUNK):
             q = torch.arange(c, min(c + LOGITS_CHUNK, last))
             lp = self.runner.logits(hidden, q - start + offset).log_softmax(-1)  # (n, V)
-            targets = torch.tensor([prompt[i + 1] for i in q.tolist()], device=lp.device)
+            ids = [prompt[i + 1] for i in q.tolist()]
+            targets = torch.tensor([t if t < lp.shape[1] else 0 for t in ids], device=lp.device)
             vals = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-            req.input_token_logprobs.extend(zip(vals, targets.tolist()))
+            vals = [v if t < lp.shape[1] else None for v, t in zip(vals, ids)]  # an image's pad ids: no logprob
+            req.input_token_logprobs.extend(zip(vals, ids))
             if k:
                 tv, ti = lp.topk(k, dim=-1)
                 req.input_top_logprobs.extend(list(zip(a, b)) for a, b in zip(tv.tolist(), ti.tolist()))
@@ -456,7 +506,7 @@ class Scheduler:
             if req.return_logprob:
                 del req.output_token_logprobs[-k:], req.output_top_logprobs[-k:]
         self._append_forced(req, jf.forced_ids)
-        req.text = self.decode(req.output_ids, req.sampling.skip_special_tokens)
+        self._set_text(req)
         if self._check_stop_strings(req):
             return
         if req.grammar.stop_is_forced():  # the forced text completed the grammar: no forward needed
@@ -479,36 +529,46 @@ class Scheduler:
                                    sp.skip_special_tokens)
             self._finish(req, {"type": "stop", "matched": token})
             return
-        req.text = self.decode(req.output_ids, sp.skip_special_tokens)
+        self._advance_text(req)
         if self._check_stop_strings(req):
             return
         if n_out >= sp.max_new_tokens:
+            self._set_text(req)
             self._finish(req, {"type": "length", "length": sp.max_new_tokens})
         elif req.kv_len + 1 >= self.runner.context_length:
+            self._set_text(req)
             self._finish(req, {"type": "length", "length": n_out, "message": "context length reached"})
 
+    def _advance_text(self, req: Req) -> None:
+        """Append the text of the newest tokens to req.text (incremental detokenization: a step costs its own
+        tokens, not the whole output; an incomplete UTF-8 character waits for the token that completes it)."""
+        new, req.detok_prefix, req.detok_read = self.tokenizer.decode_incremental(
+            req.output_ids, req.detok_prefix, req.detok_read, skip_special_tokens=req.sampling.skip_special_tokens)
+        req.text += new
+
+    def _set_text(self, req: Req) -> None:
+        """req.text = the exact text of the whole output (at the end, or after jump-forward rewrote tokens)."""
+        req.text = self.decode(req.output_ids, req.sampling.skip_special_tokens)
+        req.detok_read = len(req.output_ids)
+        req.detok_prefix = max(req.detok_read - DETOK_CONTEXT, 0)
+
     def _check_stop_strings(self, req: Req) -> bool:
-        """Finish the request if its text holds a stop string or stop regex match (trimmed off). req.text must
-        be current."""
+        """Finish the request if its text holds a stop string or stop regex match (trimmed off, in the exact
+        text). Stop strings are searched only in the text added since the last eligible check (plus an overlap
+        for strings that straddle it)."""
         sp = req.sampling
         if len(req.output_ids) < sp.min_new_tokens:
             return False
-        if sp.stop:
-            hits = [(req.text.find(s), s) for s in sp.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                pos, s = min(hits)
-                if not sp.no_stop_trim:
-                    req.text = req.text[:pos]
-                self._finish(req, {"type": "stop", "matched": s})
-                return True
-        for pattern in sp.stop_regex:
-            m = re.search(pattern, req.text)
-            if m:
-                if not sp.no_stop_trim:
-                    req.text = req.text[: m.start()]
-                self._finish(req, {"type": "stop", "matched": m.group(0)})
-                return True
+        text = req.text
+        lo = max(req.stop_scan - max((len(x) for x in sp.stop), default=1) + 1, 0)
+        if any(text.find(x, lo) >= 0 for x in sp.stop) or any(re.search(p, text) for p in sp.stop_regex):
+            self._set_text(req)  # the exact text (the incremental one may hold back a partial character)
+            exact = req.text if _first_stop(req.text, sp) else text
+            pos, matched = _first_stop(exact, sp)  # type: ignore[misc]
+            req.text = exact if sp.no_stop_trim else exact[:pos]
+            self._finish(req, {"type": "stop", "matched": matched})
+            return True
+        req.stop_scan = len(text)
         return False
 
     def _finish(self, req: Req, reason: dict[str, Any], cache: bool = True) -> None:
@@ -556,3 +616,16 @@ class Scheduler:
         for fut in self._pending_flush:
             fut.set_result(True)
         self._pending_flush = []
+
+
+def _first_stop(text: str, sp: Any) -> tuple[int, str] | None:
+    """(position, matched text) of the earliest stop string in `text`, else of the first matching stop regex
+    (in the order given), else None."""
+    hits = [(i, x) for i, x in ((text.find(x), x) for x in sp.stop) if i >= 0]
+    if hits:
+        return min(hits)
+    for pattern in sp.stop_regex:
+        m = re.search(pattern, text)
+        if m:
+            return m.start(), m.group(0)
+    return None

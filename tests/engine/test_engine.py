@@ -426,3 +426,25 @@ def test_text_ids_outside_the_vocabulary_are_refused(tmp_path):
         assert len(out["output_ids"]) == 2 and all(0 <= t < 1000 for t in out["output_ids"])
     finally:
         eng.shutdown()
+
+
+def test_incremental_text_and_stop_strings_equal_full_decoding(engine):
+    """The output text is built incrementally (each step decodes its own tokens): it equals decoding the whole
+    output, a stop string that straddles tokens is found and trimmed, and one that appeared before
+    min_new_tokens still stops the request once min_new_tokens is reached (trimmed at its first occurrence)."""
+    ids = _ids(engine, PROMPT)
+    base = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(input_ids=ids, sampling_params=base)
+    assert full["text"] == engine.tokenizer.decode(full["output_ids"])
+    text = full["text"]
+    pieces = [engine.tokenizer.decode(full["output_ids"][:k]) for k in range(1, 41)]
+    # a stop string across the boundary of the 10th and 11th tokens
+    cut = len(pieces[9])
+    stop = text[cut - 2: cut + 2]
+    assert len(stop) == 4 and text.find(stop) >= 0
+    out = engine.generate(input_ids=ids, sampling_params={**base, "stop": [stop]})
+    assert out["text"] == text[: text.find(stop)] and out["meta_info"]["finish_reason"]["matched"] == stop
+    # an early stop string with min_new_tokens past it: finishes at min_new_tokens, trimmed at the first hit
+    early = text[len(pieces[1]): len(pieces[2])]
+    out = engine.generate(input_ids=ids, sampling_params={**base, "stop": [early], "min_new_tokens": 12})
+    assert len(out["output_ids"]) == 12 and out["text"] == text[: text.find(early)]
