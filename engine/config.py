@@ -44,6 +44,8 @@ class EngineConfig:
     # tp_size 1 (the same code path); the default, tp_size 1 without workers, runs the model in this process.
     tp_size: int = 1
     tp_workers: bool = False
+    # encoder outputs (image / video features) kept by content hash, LRU; None -> 1 GiB on GPU, 256 MiB on CPU
+    encoder_cache_bytes: int | None = None
     cache_dir: str | None = None
     event_history: int = 10_000  # events kept for late subscribers (widgets)
     extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
+from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
@@ -50,6 +52,14 @@ class Engine:
         t0 = time.perf_counter()
         self.source = resolve_model(self.config.model_path, self.config.cache_dir)
         self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
+        self.vision = getattr(self.source.config, "vision", None)  # None for text-only models
+        if self.vision is not None:
+            if self.config.tp_size > 1 or self.config.tp_workers:
+                raise ValueError(f"{self.source.name} takes images: multimodal models run at tp_size 1 only")
+            self._check_media_tokens()
+        self._media_processor: Any = None
+        self._media: OrderedDict[int, dict[str, Any]] = OrderedDict()  # pad id -> what views show for it
+        self._media_lock = threading.Lock()
         self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
         try:
             self.events = EventBus(self.config.event_history)
@@ -138,9 +148,101 @@ class Engine:
                              f"(context length {self.context_length}, KV pool {self.runner.kv_pool.size} tokens)")
         return ids
 
+    # ---- images and videos ----------------------------------------------------------------------------------
+    @property
+    def image_token(self) -> str | None:
+        """The text that stands for an image in a prompt (e.g. "<image>"), None for text-only models."""
+        return None if self.vision is None else self.vision.image_token
+
+    @property
+    def video_token(self) -> str | None:
+        return None if self.vision is None else self.vision.video_token
+
+    def _check_media_tokens(self) -> None:
+        """The tokenizer must turn the image (video) token text into the model's image (video) token id; a dummy
+        model's borrowed tokenizer gets them added."""
+        vs = self.vision
+        for text, want in ((vs.image_token, vs.image_token_index), (vs.video_token, vs.video_token_index)):
+            if text is None or want is None:
+                continue
+            got = self.tokenizer.token_to_id(text)
+            if got is None and self.source.dummy:
+                got = self.tokenizer.add_special_token(text)
+            if got != want:
+                raise ValueError(f"{self.source.name}: the tokenizer maps {text!r} to {got}, the model expects "
+                                 f"token id {want}")
+
+    def media_processor(self) -> Any:
+        """Image / video loading and preprocessing for this model (made on first use)."""
+        with self._media_lock:
+            if self._media_processor is None:
+                from sgnb.engine.multimodal import MultimodalProcessor
+
+                self._media_processor = MultimodalProcessor(self.source)
+            return self._media_processor
+
+    def _media_items(self, image_data: Any, video_data: Any) -> list[Any]:
+        """Load and preprocess one prompt's images and videos (in this thread, not the scheduler's). Errors
+        name the item."""
+        from sgnb.engine.media import media_of, video_args
+
+        images, videos = media_of(image_data, "image"), media_of(video_data, "video")
+        if not images and not videos:
+            return []
+        if self.vision is None:
+            raise ValueError(f"{self.source.name} is a text-only model: it takes no images or videos")
+        proc = self.media_processor()
+        items = []
+        for n, data in enumerate(images):
+            try:
+                items.append(proc.image(data))
+            except ValueError as e:
+                raise ValueError(f"image {n + 1} of {len(images)}: {e}") from None
+        for n, spec in enumerate(videos):
+            if self.vision.video_token is None:
+                raise ValueError(f"{self.source.name} takes images but no videos")
+            path, frames = video_args(spec)
+            try:
+                items.append(proc.video(path, frames))
+            except ValueError as e:
+                raise ValueError(f"video {n + 1} of {len(videos)}: {e}") from None
+        return items
+
+    def _with_media(self, ids: list[int], image_data: Any, video_data: Any,
+                    items: list[Any] | None = None) -> tuple[list[int], list[Any]]:
+        """ids with each image / video token replaced by its pad ids, and where each item sits."""
+        if items is None:
+            items = self._media_items(image_data, video_data)
+        if not items:
+            vs = self.vision
+            if vs is not None and (vs.image_token_index in ids or (vs.video_token_index is not None
+                                                                   and vs.video_token_index in ids)):
+                raise ValueError(f"the prompt holds the image/video token {vs.image_token!r} but no image was "
+                                 "given (image_data= / video_data=, or sgl.image(...) in a program)")
+            return ids, []
+        from sgnb.engine.media import expand, pad_id
+
+        vs = self.vision
+        ids, placements = expand(ids, items, vs.image_token_index, vs.video_token_index, vs.image_token,
+                                 vs.video_token)
+        limit = min(self.context_length, self.runner.kv_pool.size)
+        if len(ids) >= limit:
+            raise ValueError(f"the prompt with its images has {len(ids)} tokens ("
+                             f"{sum(p.item.num_tokens for p in placements)} of them image/video tokens); this "
+                             f"engine takes at most {limit - 1}")
+        with self._media_lock:
+            for p in placements:
+                self._media[pad_id(p.item)] = {"kind": p.item.kind, "hash": p.item.hash[:12],
+                                               "thumbnail": p.item.thumbnail}
+                self._media.move_to_end(pad_id(p.item))
+            while len(self._media) > 4096:
+                self._media.popitem(last=False)
+        return ids, placements
+
     def _make_reqs(self, prompt: Prompt, input_ids: InputIds, sampling_params: dict | list[dict] | None,
                    return_logprob: bool | list[bool], logprob_start_len: int | list[int],
-                   top_logprobs_num: int | list[int], rid: str | list[str] | None) -> tuple[list[Req], bool]:
+                   top_logprobs_num: int | list[int], rid: str | list[str] | None,
+                   image_data: Any = None, video_data: Any = None) -> tuple[list[Req], bool]:
         """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids)
                                                and isinstance(input_ids[0], list))
@@ -165,9 +267,12 @@ class Engine:
                              per_item(logprob_start_len, "logprob_start_len"),
                              per_item(top_logprobs_num, "top_logprobs_num"))
         rids = per_item(rid, "rid") if isinstance(rid, list) else [rid] * count
+        images = per_item(image_data, "image_data") if batched and image_data is not None else [image_data] * count
+        videos = per_item(video_data, "video_data") if batched and video_data is not None else [video_data] * count
         reqs: list[Req] = []
         for i in range(count):
             ids = self._tokens(prompts[i], id_lists[i])  # type: ignore[arg-type]
+            ids, placements = self._with_media(ids, images[i], videos[i])
             sp = SamplingParams.from_dict(params[i])
             grammar_future = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
@@ -190,6 +295,7 @@ class Engine:
                 req = Req(base if sp.n == 1 else f"{base}-{j}", ids, dataclasses.replace(sp, n=1),
                           return_logprob=bool(lps[i]), logprob_start_len=start, top_logprobs_num=int(tops[i]))
                 req.grammar_future = grammar_future
+                req.mm = placements
                 if sp.seed is not None:
                     req.generator = torch.Generator(device=self.runner.device).manual_seed(sp.seed + j)
                 reqs.append(req)
@@ -199,8 +305,14 @@ class Engine:
                  input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
                  logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                  return_text_in_logprobs: bool = False, stream: bool = False,
-                 rid: str | list[str] | None = None) -> dict | list[dict] | Iterator[dict]:
+                 rid: str | list[str] | None = None, image_data: Any = None,
+                 video_data: Any = None) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (-> dict) or a list (-> list of dicts, n samples per prompt in order).
+
+        image_data / video_data (multimodal models, SGLang's names): for one prompt an item or a list, for a
+        batch a list with one entry (item or list) per prompt. An image is a path, PIL image, numpy array,
+        bytes or data: URL; a video a path, (path, num_frames) or {"path", "num_frames"}. The prompt holds the
+        model's image token (`engine.image_token`, e.g. "<image>") where each image goes, in order.
 
         With stream=True (one prompt, n=1) returns an iterator of dicts whose "text" is the new text since the
         previous chunk; the last chunk carries the full meta_info. Interrupting the wait (KeyboardInterrupt)
@@ -208,11 +320,16 @@ class Engine:
         """
         self._check_open()
         reqs, many = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                     top_logprobs_num, rid)
+                                     top_logprobs_num, rid, image_data, video_data)
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._stream(reqs[0], return_text_in_logprobs)
+        outs = self._wait(reqs, return_text_in_logprobs)
+        return outs if many else outs[0]
+
+    def _wait(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
+        """Submit the requests and block until all finish; an interrupt aborts them."""
         done = [threading.Event() for _ in reqs]
         for req, ev in zip(reqs, done):
             req.on_update = lambda r, ev=ev: ev.set() if r.finished else None
@@ -225,8 +342,7 @@ class Engine:
             for req in reqs:
                 self.scheduler.abort(req.rid)
             raise
-        outs = [self._result(r, return_text_in_logprobs) for r in reqs]
-        return outs if many else outs[0]
+        return [self._result(r, text_in_logprobs) for r in reqs]
 
     def _stream(self, req: Req, text_in_logprobs: bool) -> Iterator[dict]:
         chunks: queue.Queue = queue.Queue()
@@ -257,16 +373,22 @@ class Engine:
                              input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
                              logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
-                             rid: str | list[str] | None = None) -> dict | list[dict] | AsyncIterator[dict]:
+                             rid: str | list[str] | None = None, image_data: Any = None,
+                             video_data: Any = None) -> dict | list[dict] | AsyncIterator[dict]:
         """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests."""
         self._check_open()
         reqs, many = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                     top_logprobs_num, rid)
+                                     top_logprobs_num, rid, image_data, video_data)
         loop = asyncio.get_running_loop()
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._astream(reqs[0], return_text_in_logprobs, loop)
+        outs = await self._await(reqs, return_text_in_logprobs)
+        return outs if many else outs[0]
+
+    async def _await(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
+        loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in reqs]
         for req, fut in zip(reqs, futures):
             def notify(r: Req, fut: asyncio.Future = fut) -> None:
@@ -280,8 +402,7 @@ class Engine:
             for req in reqs:
                 self.scheduler.abort(req.rid)
             raise
-        outs = [self._result(r, return_text_in_logprobs) for r in done]
-        return outs if many else outs[0]
+        return [self._result(r, text_in_logprobs) for r in done]
 
     async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
         chunks: asyncio.Queue = asyncio.Queue()
@@ -337,31 +458,66 @@ class Engine:
         return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     def _fmt_logprobs(self, items: list[tuple], with_text: bool) -> list[tuple]:
-        tt = self.tokenizer.token_text
-        return [(lp, tok, tt(tok) if with_text else None) for lp, tok in items]
+        return [(lp, tok, self._token_text(tok) if with_text else None) for lp, tok in items]
+
+    def _token_text(self, token: int) -> str:
+        if is_pad(token):  # an image's / video's placeholder position
+            return f"[{self._media.get(token, {}).get('kind', 'image')}]"
+        return self.tokenizer.token_text(token)
+
+    def _key_text(self, ids: list[int]) -> str:
+        """A radix key as text: an image's (video's) run of pad ids reads "[image]" ("[video]")."""
+        parts, run, last_pad = [], [], None
+        for t in ids:
+            if is_pad(t):
+                if run:
+                    parts.append(self.tokenizer.decode(run, False))
+                    run = []
+                if t != last_pad:
+                    parts.append(self._token_text(t))
+                last_pad = t
+            else:
+                run.append(t)
+                last_pad = None
+        if run:
+            parts.append(self.tokenizer.decode(run, False))
+        return "".join(parts)
+
+    def _key_media(self, ids: list[int]) -> list[dict[str, Any]]:
+        """The images / videos a radix key holds: kind, short hash, thumbnail (data: URL), tokens in this key."""
+        counts: dict[int, int] = {}
+        for t in ids:
+            if is_pad(t):
+                counts[t] = counts.get(t, 0) + 1
+        return [{**self._media.get(t, {"kind": "image", "hash": "", "thumbnail": None}), "tokens": n}
+                for t, n in counts.items()]
 
     # ---- choice scoring (select) ------------------------------------------------------------------------
     def score(self, prefix: str | list[int], choices: list[str],
-              choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False) -> dict:
-        """Score continuations of one prefix (the prefix KV is shared through the radix cache).
+              choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False,
+              image_data: Any = None, video_data: Any = None) -> dict:
+        """Score continuations of one prefix (the prefix KV is shared through the radix cache). The prefix may
+        hold images / videos (image_data / video_data, as in generate).
 
         Returns {"index", "choice", "normalized_prompt_logprobs", "input_token_logprobs",
         "unconditional_token_logprobs" (only for unconditional_likelihood_normalized), "cached_tokens"}.
         """
         self._check_open()
-        plan = self._score_plan(prefix, choices, choices_method)
-        outs = self.generate(input_ids=plan["inputs"], sampling_params={"max_new_tokens": 0},
-                             return_logprob=True, logprob_start_len=plan["starts"])
-        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)  # type: ignore[arg-type]
+        plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
+        outs = self._wait(plan["reqs"], False)
+        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
 
     async def async_score(self, prefix: str | list[int], choices: list[str],
-                          choices_method: str = "token_length_normalized") -> dict:
-        plan = self._score_plan(prefix, choices, choices_method)
-        outs = await self.async_generate(input_ids=plan["inputs"], sampling_params={"max_new_tokens": 0},
-                                         return_logprob=True, logprob_start_len=plan["starts"])
-        return self._score_result(plan, outs, choices, choices_method, False)  # type: ignore[arg-type]
+                          choices_method: str = "token_length_normalized", image_data: Any = None,
+                          video_data: Any = None) -> dict:
+        self._check_open()
+        plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
+        outs = await self._await(plan["reqs"], False)
+        return self._score_result(plan, outs, choices, choices_method, False)
 
-    def _score_plan(self, prefix: str | list[int], choices: list[str], method: str) -> dict:
+    def _score_plan(self, prefix: str | list[int], choices: list[str], method: str, image_data: Any = None,
+                    video_data: Any = None) -> dict:
+        """One prompt-logprob request per choice (plus one per choice alone for the unconditional method)."""
         check_choices(choices, method)
         if isinstance(prefix, str):
             prefix_ids = self.tokenizer.encode(prefix)
@@ -379,7 +535,16 @@ class Engine:
                 starts.append(1)
         for ids in inputs:
             self._tokens(None, ids)
-        return {"inputs": inputs, "starts": starts, "n": len(choices), "start": start}
+        items = self._media_items(image_data, video_data)  # once for every choice (they share the prefix)
+        reqs = []
+        for k, (ids, st) in enumerate(zip(inputs, starts)):
+            expanded, placements = self._with_media(ids, None, None, items=items if k < len(full) else [])
+            st += len(expanded) - len(ids)  # every image sits in the shared prefix, before the scored tokens
+            req = Req(uuid.uuid4().hex[:12], expanded, SamplingParams.from_dict({"max_new_tokens": 0}),
+                      return_logprob=True, logprob_start_len=st)
+            req.mm = placements
+            reqs.append(req)
+        return {"reqs": reqs, "n": len(choices), "start": start}
 
     def _score_result(self, plan: dict, outs: list[dict], choices: list[str], method: str, with_text: bool) -> dict:
         n = plan["n"]
@@ -420,7 +585,11 @@ class Engine:
 
     def tree_snapshot(self, max_key_tokens: int = 64) -> dict:
         """The live radix tree: {"nodes": [...], "total_tokens", "evictable_tokens", "protected_tokens"}."""
-        nodes = self.tree.snapshot(lambda ids: self.tokenizer.decode(ids, False), max_key=max_key_tokens)
+        nodes = self.tree.snapshot(self._key_text, max_key=max_key_tokens)
+        if self._media:
+            for node in nodes:
+                if any(is_pad(t) for t in node["key"]):
+                    node["media"] = self._key_media(node["key"])
         return {"nodes": nodes, "total_tokens": self.tree.total_size, "evictable_tokens": self.tree.evictable_size,
                 "protected_tokens": self.tree.protected_size}
 

@@ -5,6 +5,7 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
 - `forward(spec)` runs a BatchSpec (writing its K/V) and returns its hidden states, opaque to the caller except
   for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
 - `attention_backend`: the name of the attention backend the model runs with;
+- `encode(item)`: encoder features of an image or video (multimodal models);
 - `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
 """
 
@@ -83,6 +84,8 @@ class Runner(Protocol):
 
     def logits(self, hidden: Any, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor: ...
 
+    def encode(self, item: Any) -> torch.Tensor: ...
+
     def failure(self) -> BaseException | None: ...
 
     def shutdown(self) -> None: ...
@@ -132,6 +135,10 @@ class ModelRunner:
         fb.attn_backend = self.attn
         self.attn.init_forward_metadata(fb)
         return self.model(fb)
+
+    def encode(self, item: Any) -> torch.Tensor:
+        """Encoder features (item.num_tokens, hidden) of one image or video (multimodal models only)."""
+        return self.model.encode(item)
 
     def logits(self, hidden: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
         """(len(rows), vocab) float32 logits of those rows of `hidden` (every row when rows is None)."""

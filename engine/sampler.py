@@ -26,7 +26,8 @@ def apply_penalties(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, .
     for i, req in enumerate(reqs):
         sp = req.sampling
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(req.fill_ids)), dtype=torch.int64, device=logits.device)
+            V = logits.shape[1]  # image / video pad ids (engine/media.py) are keys, not tokens: skip them
+            seen = torch.tensor(sorted(t for t in set(req.fill_ids) if t < V), dtype=torch.int64, device=logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:

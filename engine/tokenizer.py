@@ -153,6 +153,19 @@ class Tokenizer:
         """The id of a token string (e.g. "<|im_end|>"), or None when it is not in the vocabulary."""
         return self._tk.token_to_id(token)
 
+    def add_special_token(self, token: str) -> int:
+        """Add `token` as a special token (a multimodal placeholder such as "<image>" for a dummy model that
+        borrows this tokenizer) and return its id; the id of an existing token is returned as it is."""
+        existing = self._tk.token_to_id(token)
+        if existing is not None:
+            return existing
+        from tokenizers import AddedToken
+
+        self._tk.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+        token_id = self._tk.token_to_id(token)
+        self._special_ids = frozenset(self._special_ids | {token_id})
+        return token_id
+
     # ---- text <-> ids --------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`. Special-token text (e.g. "<|im_start|>") becomes its special id.

@@ -246,6 +246,9 @@ class TPModelRunner:
             return hidden.logits[index]
         return self._call("logits", {"rows": wanted})
 
+    def encode(self, item: Any) -> torch.Tensor:
+        raise ValueError("images and videos do not run on tensor-parallel workers (tp_size 1 only)")
+
     def failure(self) -> WorkerError | None:
         """The error that stopped the workers, if any (checks for a dead worker without waiting)."""
         if self._fatal is not None or self._closed:
