@@ -3,10 +3,14 @@
 One frozen, hashable dataclass built once by the model loader and passed to the model, the KV pool and the
 runner. It knows nothing of weights or devices; `from_hf_dict` is the only place HF's config conventions
 (defaults, aliases, the transformers-5 `rope_parameters` form) are interpreted.
+
+LLaVA-family models (llava-hf's LLaVA-1.5, LLaVA-NeXT, LLaVA-NeXT-Video) are the same decoder plus a
+`VisionSpec`: the text fields are the language model's, `vision` holds everything about the image/video side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,229 @@ _HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qw
 # RoPE variants the model implements; "default" is plain RoPE and is stored as rope_scaling=None.
 _ROPE_TYPES = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
                "linear": ("factor",)}
+# LLaVA model_type -> HF class. Their config.json nests the decoder under "text_config".
+_MULTIMODAL_CLASSES = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
+                       "llava_next_video": "LlavaNextVideoForConditionalGeneration"}
+# transformers fills a partial text_config / vision_config from its config class's defaults (llava-hf's published
+# config.json lists only what differs from them); these are those defaults, for the fields the engine reads.
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+              "bos_token_id": 1, "eos_token_id": 2},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-6, "sliding_window": 4096, "bos_token_id": 1, "eos_token_id": 2},
+}
+_VISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "clip_vision_model": {"image_size": 224, "patch_size": 32, "hidden_size": 768, "intermediate_size": 3072,
+                          "num_hidden_layers": 12, "num_attention_heads": 12, "num_channels": 3,
+                          "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "projection_dim": 512},
+    "siglip_vision_model": {"image_size": 224, "patch_size": 16, "hidden_size": 768, "intermediate_size": 3072,
+                            "num_hidden_layers": 12, "num_attention_heads": 12, "num_channels": 3,
+                            "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "vision_use_head": True},
+}
+# keys that say nothing about the tower's inference (every transformers config carries the generic ones; the
+# others only matter for training): dropped, and the defaults above filled in, so that a config.json and
+# transformers' full to_dict() of it give equal (and equally hashed) specs
+_GENERIC_CONFIG_KEYS = ("_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype",
+                        "id2label", "label2id", "is_encoder_decoder", "output_attentions", "output_hidden_states",
+                        "problem_type", "return_dict", "transformers_version", "_attn_implementation_autoset",
+                        "initializer_range", "initializer_factor", "attention_dropout", "dropout")
+_VISION_HAS_CLS = {"clip_vision_model": True, "siglip_vision_model": False}  # a class token before the patches
+_PROJECTOR_ACTS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "quick_gelu", "relu", "silu")
+_DEFAULT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))  # HF's LlavaNextConfig default
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The image/video side of a LLaVA-family model (hashable: part of ModelConfig).
+
+    Contract:
+    - `kind` is the HF model_type: "llava" (one view per image), "llava_next" (anyres: a base view plus tiles
+      on the best of `image_grid_pinpoints`, (height, width) pairs) or "llava_next_video" (anyres images, and
+      videos whose frames are pooled with `spatial_pool_mode` over `spatial_pool_stride` patches).
+    - `vision_config_json` is the HF vision_config as canonical JSON (sorted keys): every architectural field
+      present (missing ones filled with transformers' defaults), training-only and generic keys dropped.
+    - `feature_layer` indexes the tower's hidden states as transformers does (0 = the embeddings, -1 = the
+      last layer); a tuple concatenates several along the feature dim. `select_strategy` "default" drops the
+      class token, "full" keeps it.
+    - `processor_json`: image/video preprocessing settings for models without a preprocessor_config.json
+      (dummy models), as canonical JSON {"image_processor": {...}, "video_processor": {...}}; else None.
+    - `text_architecture` is the decoder's model_type ("llama", "mistral"), for writing config.json back.
+    """
+
+    kind: str
+    image_token_index: int
+    vision_config_json: str
+    text_architecture: str = "llama"
+    video_token_index: int | None = None
+    image_token: str = "<image>"
+    video_token: str | None = None
+    feature_layer: int | tuple[int, ...] = -2
+    select_strategy: str = "default"
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+    image_grid_pinpoints: tuple[tuple[int, int], ...] | None = None
+    spatial_pool_stride: int | None = None
+    spatial_pool_mode: str | None = None
+    processor_json: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _MULTIMODAL_CLASSES:
+            raise ValueError(f"unsupported multimodal kind {self.kind!r}; supported: {sorted(_MULTIMODAL_CLASSES)}")
+        vc = json.loads(self.vision_config_json)
+        vtype = vc.get("model_type", "clip_vision_model")
+        if vtype not in _VISION_DEFAULTS:
+            raise ValueError(f"unsupported vision tower {vtype!r}; supported: {sorted(_VISION_DEFAULTS)}")
+        vc = {"model_type": vtype, **_VISION_DEFAULTS[vtype],
+              **{k: v for k, v in vc.items() if k not in _GENERIC_CONFIG_KEYS}}
+        object.__setattr__(self, "vision_config_json", json.dumps(vc, sort_keys=True))
+        layer = self.feature_layer
+        layer = int(layer) if isinstance(layer, int) else tuple(int(i) for i in layer)
+        object.__setattr__(self, "feature_layer", layer)
+        for i in (layer,) if isinstance(layer, int) else layer:
+            if not -(self.num_vision_layers + 1) <= i <= self.num_vision_layers:
+                raise ValueError(f"vision_feature_layer {i} is outside the tower's {self.num_vision_layers} layers")
+        if self.select_strategy not in ("default", "full"):
+            raise ValueError(f"vision_feature_select_strategy must be 'default' or 'full', got {self.select_strategy!r}")
+        if self.select_strategy == "default" and not self.has_cls:
+            raise ValueError(f"vision_feature_select_strategy 'default' drops a class token that {vtype} lacks")
+        if self.projector_act not in _PROJECTOR_ACTS:
+            raise ValueError(f"unsupported projector_hidden_act {self.projector_act!r}; supported: {_PROJECTOR_ACTS}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"vision image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.kind == "llava":
+            object.__setattr__(self, "image_grid_pinpoints", None)
+        else:
+            pins = self.image_grid_pinpoints or _DEFAULT_PINPOINTS
+            pins = tuple((int(h), int(w)) for h, w in pins)
+            bad = [p for p in pins if p[0] % self.image_size or p[1] % self.image_size or min(p) <= 0]
+            if bad:
+                raise ValueError(f"image_grid_pinpoints {bad} are not positive multiples of the vision image_size "
+                                 f"{self.image_size}")
+            object.__setattr__(self, "image_grid_pinpoints", pins)
+            if self.tokens_per_view != self.patches_per_side**2:
+                raise ValueError("anyres (LLaVA-NeXT) features need one token per patch: use "
+                                 "vision_feature_select_strategy 'default' with a CLIP tower, 'full' with SigLIP")
+        if self.kind == "llava_next_video":
+            if self.video_token_index is None:
+                raise ValueError("llava_next_video needs a video_token_index")
+            object.__setattr__(self, "video_token", self.video_token or "<video>")
+            object.__setattr__(self, "spatial_pool_stride", int(self.spatial_pool_stride or 2))
+            object.__setattr__(self, "spatial_pool_mode", self.spatial_pool_mode or "average")
+            if self.spatial_pool_mode not in ("average", "max"):
+                raise ValueError(f"spatial_pool_mode {self.spatial_pool_mode!r} is not supported ('average', 'max')")
+        else:
+            for name in ("video_token_index", "video_token", "spatial_pool_stride", "spatial_pool_mode"):
+                object.__setattr__(self, name, None)
+        if self.processor_json is not None:
+            object.__setattr__(self, "processor_json", json.dumps(json.loads(self.processor_json), sort_keys=True))
+
+    # ---- the tower's geometry ------------------------------------------------------------------------------
+    @property
+    def vision_config(self) -> dict[str, Any]:
+        """A fresh dict of the HF vision_config."""
+        return json.loads(self.vision_config_json)
+
+    @property
+    def vision_model_type(self) -> str:
+        return str(self.vision_config["model_type"])
+
+    @property
+    def image_size(self) -> int:
+        """Side of one square view the tower takes, in pixels."""
+        return int(self.vision_config["image_size"])
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.vision_config["patch_size"])
+
+    @property
+    def vision_hidden_size(self) -> int:
+        return int(self.vision_config["hidden_size"])
+
+    @property
+    def num_vision_layers(self) -> int:
+        return int(self.vision_config["num_hidden_layers"])
+
+    @property
+    def has_cls(self) -> bool:
+        return _VISION_HAS_CLS[self.vision_model_type]
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens_per_view(self) -> int:
+        """Feature rows of one view: the patches, plus the class token when the strategy keeps it."""
+        return self.patches_per_side**2 + int(self.has_cls and self.select_strategy == "full")
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """`feature_layer` as non-negative hidden-state indices (0 = the embeddings, L = the last layer)."""
+        layers = (self.feature_layer,) if isinstance(self.feature_layer, int) else self.feature_layer
+        return tuple(i % (self.num_vision_layers + 1) for i in layers)
+
+    @property
+    def processor_settings(self) -> dict[str, Any] | None:
+        return None if self.processor_json is None else json.loads(self.processor_json)
+
+    # ---- HF config.json ------------------------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], text_architecture: str) -> VisionSpec:
+        """The vision part of a llava-hf config.json dict (see ModelConfig.from_hf_dict)."""
+        kind = d["model_type"]
+        layer = d.get("vision_feature_layer", -2)
+        pins = d.get("image_grid_pinpoints")
+        processor = d.get("sgnb_processor")
+        return cls(
+            kind=kind,
+            image_token_index=int(_first(d, "image_token_index", "image_token_id",
+                                         default=32001 if kind == "llava_next_video" else 32000)),
+            video_token_index=(int(_first(d, "video_token_index", "video_token_id", default=32000))
+                               if kind == "llava_next_video" else None),
+            vision_config_json=json.dumps(dict(d.get("vision_config") or {})),
+            text_architecture=text_architecture,
+            image_token=d.get("sgnb_image_token", "<image>"),
+            video_token=d.get("sgnb_video_token", "<video>") if kind == "llava_next_video" else None,
+            feature_layer=int(layer) if isinstance(layer, int) else tuple(layer),
+            select_strategy=d.get("vision_feature_select_strategy", "default"),
+            projector_act=d.get("projector_hidden_act", "gelu"),
+            projector_bias=bool(d.get("multimodal_projector_bias", True)),
+            image_grid_pinpoints=None if pins is None else tuple(tuple(p) for p in pins),
+            spatial_pool_stride=d.get("spatial_pool_stride"),
+            spatial_pool_mode=d.get("spatial_pool_mode"),
+            processor_json=None if processor is None else json.dumps(processor),
+        )
+
+    def hf_fields(self) -> dict[str, Any]:
+        """The top-level config.json fields of this vision side (ModelConfig.to_hf_dict adds text_config)."""
+        d: dict[str, Any] = {
+            "image_token_index": self.image_token_index,
+            "vision_config": self.vision_config,
+            "vision_feature_layer": (self.feature_layer if isinstance(self.feature_layer, int)
+                                     else list(self.feature_layer)),
+            "vision_feature_select_strategy": self.select_strategy,
+            "projector_hidden_act": self.projector_act,
+            "multimodal_projector_bias": self.projector_bias,
+        }
+        if self.image_grid_pinpoints is not None:
+            d["image_grid_pinpoints"] = [list(p) for p in self.image_grid_pinpoints]
+        if self.kind == "llava_next_video":
+            d |= {"video_token_index": self.video_token_index, "spatial_pool_mode": self.spatial_pool_mode,
+                  "spatial_pool_stride": self.spatial_pool_stride}
+            if self.video_token != "<video>":
+                d["sgnb_video_token"] = self.video_token
+        if self.image_token != "<image>":
+            d["sgnb_image_token"] = self.image_token
+        if self.processor_json is not None:
+            d["sgnb_processor"] = json.loads(self.processor_json)
+        return d
+
+
+def _first(d: dict[str, Any], *keys: str, default: Any) -> Any:
+    return next((d[k] for k in keys if d.get(k) is not None), default)
 
 
 @dataclass(frozen=True)
@@ -32,6 +259,8 @@ class ModelConfig:
     - `sliding_window` is recorded (Mistral v0.1 declares 4096) but not applied by the engine: outputs are
       exact only while a sequence stays within it.
     - `eos_token_ids` lists every id that ends generation, most important first.
+    - `vision` is None for text models; for LLaVA-family models `architecture` is "llava", "llava_next" or
+      "llava_next_video" (= vision.kind) and every other field describes the language model.
     """
 
     architecture: str
@@ -51,10 +280,16 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    vision: VisionSpec | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture not in _HF_CLASSES:
-            raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {sorted(_HF_CLASSES)}")
+        if self.vision is not None:
+            if self.architecture != self.vision.kind:
+                raise ValueError(f"a {self.vision.kind} vision side needs architecture {self.vision.kind!r}, "
+                                 f"got {self.architecture!r}")
+        elif self.architecture not in _HF_CLASSES:
+            raise ValueError(f"unsupported architecture {self.architecture!r}; supported: "
+                             f"{sorted(_HF_CLASSES) + sorted(_MULTIMODAL_CLASSES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
@@ -95,11 +330,17 @@ class ModelConfig:
         num_attention_heads when absent, and attention_bias=True for qwen2. Raises ValueError for features the
         engine does not implement (other activations, MLP bias, o_proj bias, unknown RoPE types), so a model
         never loads silently wrong. Unknown keys (e.g. "_comment", "torch_dtype") are ignored.
+
+        llava-hf configs (model_type llava / llava_next / llava_next_video) nest the decoder under
+        "text_config" (a partial one is completed with transformers' defaults for its model_type) and the tower
+        under "vision_config"; they become a text config plus a VisionSpec.
         """
         model_type = d.get("model_type")
         if model_type is None:
-            by_class = {v: k for k, v in _HF_CLASSES.items()}
+            by_class = {v: k for k, v in (_HF_CLASSES | _MULTIMODAL_CLASSES).items()}
             model_type = next((by_class[a] for a in d.get("architectures") or () if a in by_class), None)
+        if model_type in _MULTIMODAL_CLASSES:
+            return cls._from_llava_dict({**d, "model_type": model_type})
         if model_type not in _HF_CLASSES:
             raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_HF_CLASSES)}")
         if d.get("hidden_act", "silu") != "silu":
@@ -146,6 +387,20 @@ class ModelConfig:
         )
 
     @classmethod
+    def _from_llava_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        text = dict(d.get("text_config") or {})
+        text_type = text.get("model_type", "llama")
+        if text_type not in _HF_CLASSES:
+            raise ValueError(f"unsupported text_config model_type {text_type!r}; supported: {sorted(_HF_CLASSES)}")
+        text = {**_TEXT_DEFAULTS.get(text_type, {}), **text, "model_type": text_type}
+        text.pop("architectures", None)
+        text_cfg = cls.from_hf_dict(text)
+        # transformers ties the output embedding when either level asks for it
+        tied = text_cfg.tie_word_embeddings or bool(d.get("tie_word_embeddings", False))
+        vision = VisionSpec.from_hf_dict(d, text_type)
+        return dataclasses.replace(text_cfg, architecture=vision.kind, tie_word_embeddings=tied, vision=vision)
+
+    @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
         """Read an HF config.json file (see from_hf_dict)."""
         with open(path, encoding="utf-8") as f:
@@ -155,7 +410,13 @@ class ModelConfig:
         """An HF config.json dict: `LlamaConfig(**d)` / `MistralConfig(**d)` / `Qwen2Config(**d)` accept it.
 
         Uses the classic rope_theta / rope_scaling keys, which transformers 4.x reads and 5.x converts.
+        A LLaVA-family config gives the llava-hf form (`LlavaConfig(**d)` etc. accept it).
         """
+        if self.vision is not None:
+            text = dataclasses.replace(self, architecture=self.vision.text_architecture, vision=None).to_hf_dict()
+            text.pop("architectures")
+            return {"architectures": [_MULTIMODAL_CLASSES[self.architecture]], "model_type": self.architecture,
+                    "text_config": text, **self.vision.hf_fields(), "tie_word_embeddings": self.tie_word_embeddings}
         eos: int | list[int] | None
         eos = None if not self.eos_token_ids else (
             self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids))

@@ -23,6 +23,9 @@ _ARCHITECTURES = {
     "llama": "sgnb.engine.models.llama:LlamaForCausalLM",
     "mistral": "sgnb.engine.models.llama:LlamaForCausalLM",
     "qwen2": "sgnb.engine.models.llama:LlamaForCausalLM",
+    "llava": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
+    "llava_next": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
+    "llava_next_video": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
 }
 
 

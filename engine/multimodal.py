@@ -1,0 +1,409 @@
+"""Images and videos for LLaVA-family models: decoding, preprocessing, hashing, and how many prompt tokens each fills.
+
+`MultimodalProcessor(source).image(data)` / `.video(path)` turn user input into an `MMItem`: the pixel values the
+model's encoder takes (`LlavaForConditionalGeneration.encode`), the number of placeholder tokens the item
+occupies in the prompt (= the encoder's feature rows), and a content hash for cache keys.
+
+- Preprocessing is transformers' own image processor, built from the checkpoint's preprocessor_config.json
+  (or a dummy config's `sgnb_processor` settings), always its PIL backend: pixel values do not depend on
+  whether torchvision is installed. Video frames are sampled uniformly with PyAV and each frame goes through
+  the video processor's settings (resize the shortest edge, center crop, rescale, normalize) with the PIL
+  backend too (transformers' own video processors need torchvision).
+- The anyres geometry of LLaVA-NeXT (which grid of tiles an image gets, how much of the padded grid is image)
+  is defined here once: the processor counts tokens with it and the model packs its features with it.
+- `MMItem.hash` digests the decoded RGB pixels (size included) with every setting that changes the pixel
+  values or the token count, so the same image given as a path, PIL image, array, bytes or data: URL hashes
+  equal.
+
+Nothing here touches the network: http(s) URLs are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import math
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from sgnb.engine.model_config import VisionSpec
+    from sgnb.engine.model_loader import ModelSource
+
+THUMBNAIL_PX = 96
+# Bump when decoding or sampling changes the pixels an item hashes (a cache must not reuse older features).
+_PIPELINE_VERSION = 1
+# The settings of a frame processor that transformers' CLIP image processor also takes.
+_FRAME_KEYS = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
+               "do_normalize", "image_mean", "image_std")
+
+
+@dataclass(frozen=True, eq=False)
+class MMItem:
+    """One preprocessed image or video.
+
+    - `kind`: "image" or "video".
+    - `hash`: hex sha256 of the decoded pixels (frames) and the preprocessing settings.
+    - `num_tokens`: placeholder tokens this item occupies in the prompt, = rows of `model.encode(item)`.
+    - `pixel_values`: float32, (views, 3, S, S): LLaVA-1.5 one view; LLaVA-NeXT the base view then the tiles
+      row by row; a video one view per sampled frame.
+    - `extra`: "image_size" (height, width) of the decoded image; for videos "num_frames", "frame_indices",
+      "total_frames".
+    - `thumbnail`: a PNG data: URL at most THUMBNAIL_PX on a side (a video's first sampled frame), for views.
+    Compared and hashed by identity (it holds a tensor); use `hash` for content.
+    """
+
+    kind: str
+    hash: str
+    num_tokens: int
+    pixel_values: torch.Tensor
+    extra: dict[str, Any] = field(default_factory=dict)
+    thumbnail: str = ""
+
+
+# ---- anyres geometry (LLaVA-NeXT) ---------------------------------------------------------------------------
+def best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The (height, width) among `pinpoints` that keeps the most of the image's pixels once it is scaled to fit
+    inside (never counting more than it has), then the one that wastes the least area."""
+    best, kept_best, waste_best = pinpoints[0], -1, math.inf
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        kept = min(int(width * scale) * int(height * scale), width * height)
+        waste = ph * pw - kept
+        if kept > kept_best or (kept == kept_best and waste < waste_best):
+            best, kept_best, waste_best = (ph, pw), kept, waste
+    return best
+
+
+def anyres_grid(spec: VisionSpec, height: int, width: int) -> tuple[int, int]:
+    """(rows, cols) of tiles, each one tower view, that an image of this size is cut into."""
+    assert spec.image_grid_pinpoints is not None, "anyres needs image_grid_pinpoints"
+    gh, gw = best_resolution(height, width, spec.image_grid_pinpoints)
+    return gh // spec.image_size, gw // spec.image_size
+
+
+def unpad_window(height: int, width: int, rows: int, cols: int) -> tuple[int, int, int, int]:
+    """(r0, r1, c0, c1): the part of a rows x cols feature grid that shows the image rather than the padding the
+    processor added around it (the image was scaled to touch one pair of sides and centered on the other)."""
+    if width / height > cols / rows:  # wider than the grid: full width, bands above and below
+        kept = int(round(height * (cols / width), 7))
+        pad = (rows - kept) // 2
+        return pad, rows - pad, 0, cols
+    kept = int(round(width * (rows / height), 7))
+    pad = (cols - kept) // 2
+    return 0, rows, pad, cols - pad
+
+
+def image_token_count(spec: VisionSpec, height: int, width: int) -> int:
+    """Placeholder tokens of one height x width image: LLaVA-1.5 one view; LLaVA-NeXT the base view, then the
+    unpadded tile grid with one newline token after each of its rows."""
+    if spec.kind == "llava":
+        return spec.tokens_per_view
+    rows, cols = anyres_grid(spec, height, width)
+    side = spec.patches_per_side
+    r0, r1, c0, c1 = unpad_window(height, width, rows * side, cols * side)
+    return spec.tokens_per_view + (r1 - r0) * (c1 - c0 + 1)
+
+
+def video_token_count(spec: VisionSpec, num_frames: int) -> int:
+    """Placeholder tokens of a video: each frame's patch grid pooled by spatial_pool_stride (floor)."""
+    assert spec.spatial_pool_stride is not None, "videos need a llava_next_video model"
+    pooled = spec.patches_per_side // spec.spatial_pool_stride
+    return num_frames * pooled * pooled
+
+
+# ---- the processor ------------------------------------------------------------------------------------------
+class MultimodalProcessor:
+    """Turns images and videos into MMItems for one LLaVA-family model.
+
+    Built from the model's source: its directory's preprocessor_config.json (and video_preprocessor_config.json
+    for LLaVA-NeXT-Video, else the image processor's resize/crop/normalize settings serve for frames), or a
+    dummy config's processor settings. Imports transformers and PyAV lazily. Thread-safety: image() and video()
+    keep no state between calls, but transformers' processors are not documented thread-safe: use one thread.
+    """
+
+    def __init__(self, source: ModelSource) -> None:
+        spec = source.config.vision
+        if spec is None:
+            raise ValueError(f"{source.name} is not a multimodal model: it takes no images or videos")
+        self.spec = spec
+        image_settings, video_settings = _processor_settings(source, spec)
+        self._image_proc = _image_processor(image_settings)
+        self._frame_proc = None if video_settings is None else _frame_processor(video_settings)
+        geometry = {"kind": spec.kind, "image_size": spec.image_size, "patch_size": spec.patch_size,
+                    "select_strategy": spec.select_strategy, "pinpoints": spec.image_grid_pinpoints,
+                    "pool": [spec.spatial_pool_stride, spec.spatial_pool_mode], "version": _PIPELINE_VERSION}
+        self._image_key = _digest({"model": geometry, "image": self._image_proc.to_dict()})
+        self._video_key = None if self._frame_proc is None else _digest(
+            {"model": geometry, "video": self._frame_proc.to_dict()})
+
+    def placeholder_id(self, kind: str) -> int:
+        """The token id that stands for one feature row of an item of this kind in input_ids."""
+        if kind == "image":
+            return self.spec.image_token_index
+        if kind == "video" and self.spec.video_token_index is not None:
+            return self.spec.video_token_index
+        raise ValueError(f"a {self.spec.kind} model takes no {kind!r} items")
+
+    def image(self, data: Any) -> MMItem:
+        """An image given as a path (str or Path), a PIL image, a uint8 array (H, W, 3), encoded bytes, or a
+        "data:image/...;base64," URL. Raises ValueError for URLs that would need the network, missing or
+        unreadable files, bytes that are not an image, and arrays of the wrong shape or dtype."""
+        img = decode_image(data)
+        height, width = img.height, img.width
+        out = self._image_proc(images=[img], return_tensors="pt")
+        pixels = out["pixel_values"]
+        spec = self.spec
+        if spec.kind == "llava":
+            views = 1
+        else:  # (images, views, 3, S, S); a single image is padded to no more views than its own
+            pixels = pixels[0]
+            rows, cols = anyres_grid(spec, height, width)
+            views = 1 + rows * cols
+        if tuple(pixels.shape) != (views, 3, spec.image_size, spec.image_size):
+            raise ValueError(f"the image processor made pixel values of shape {tuple(pixels.shape)}, but the model "
+                             f"takes {views} view(s) of 3 x {spec.image_size} x {spec.image_size}: its "
+                             "preprocessor settings (size, crop_size, image_grid_pinpoints) disagree with config.json")
+        h = hashlib.sha256(self._image_key.encode())
+        h.update(f"image {width}x{height}".encode())
+        h.update(img.tobytes())
+        return MMItem(kind="image", hash=h.hexdigest(), num_tokens=image_token_count(spec, height, width),
+                      pixel_values=pixels.float().contiguous(), extra={"image_size": (height, width)},
+                      thumbnail=thumbnail(img))
+
+    def video(self, path: str | Path, num_frames: int = 8) -> MMItem:
+        """`num_frames` frames sampled uniformly (first to last; repeated when the video has fewer) from a
+        video file, decoded with PyAV. Raises ValueError when the model takes no videos, the file is missing or
+        is not a video, has no video stream, no frames, or a codec that cannot be decoded."""
+        if self._frame_proc is None:
+            raise ValueError(f"a {self.spec.kind} model takes no videos (LLaVA-NeXT-Video does)")
+        if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or num_frames < 1:
+            raise ValueError(f"num_frames must be a positive int, got {num_frames!r}")
+        num_frames = int(num_frames)
+        frames, indices, total = read_video(path, num_frames)
+        from PIL import Image
+
+        images = [Image.fromarray(f) for f in frames]
+        pixels = self._frame_proc(images=images, return_tensors="pt")["pixel_values"]  # (F, 3, S, S)
+        size = self.spec.image_size
+        if tuple(pixels.shape[1:]) != (3, size, size):
+            raise ValueError(f"the video processor made frames of shape {tuple(pixels.shape[1:])}, but the model "
+                             f"takes 3 x {size} x {size}: its size/crop_size disagree with config.json")
+        assert self._video_key is not None
+        h = hashlib.sha256(self._video_key.encode())
+        h.update(f"video {num_frames}".encode())
+        for f in frames:
+            h.update(f"{f.shape[1]}x{f.shape[0]}".encode())
+            h.update(f.tobytes())
+        return MMItem(kind="video", hash=h.hexdigest(), num_tokens=video_token_count(self.spec, len(frames)),
+                      pixel_values=pixels.float().contiguous(),
+                      extra={"num_frames": len(frames), "frame_indices": indices, "total_frames": total},
+                      thumbnail=thumbnail(images[0]))
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _processor_settings(source: ModelSource, spec: VisionSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(image processor settings, frame settings or None when the model takes no videos)."""
+    if source.path is not None:
+        image_file = source.path / "preprocessor_config.json"
+        if not image_file.is_file():
+            raise ValueError(f"{source.name}: {str(source.path)!r} has no preprocessor_config.json, which a "
+                             "multimodal model needs (save its image processor with save_pretrained)")
+        image = json.loads(image_file.read_text())
+        video_file = source.path / "video_preprocessor_config.json"
+        video = json.loads(video_file.read_text()) if video_file.is_file() else image
+    else:
+        settings = spec.processor_settings
+        if not settings or "image_processor" not in settings:
+            raise ValueError(f"{source.name}: a dummy multimodal config needs 'sgnb_processor': "
+                             '{"image_processor": {...}} (preprocessor_config.json settings)')
+        image = settings["image_processor"]
+        video = settings.get("video_processor", image)
+    return image, (video if spec.kind == "llava_next_video" else None)
+
+
+def _image_processor(settings: dict[str, Any]) -> Any:
+    """transformers' image processor named by settings["image_processor_type"], PIL backend."""
+    from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
+
+    name = settings.get("image_processor_type")
+    if not name:
+        raise ValueError("the preprocessor settings lack 'image_processor_type'")
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    cls = get_image_processor_class_from_name(base + "Pil")
+    if cls is None:
+        raise ValueError(f"transformers has no PIL image processor for {name!r}")
+    return cls.from_dict({k: v for k, v in settings.items() if k not in ("image_processor_type", "processor_class")})
+
+
+def _frame_processor(settings: dict[str, Any]) -> Any:
+    """A CLIP-style image processor (resize the shortest edge, center crop, rescale, normalize) with a video
+    processor's settings: what LLaVA-NeXT-Video's video processor does to each frame."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    return CLIPImageProcessorPil(**{k: settings[k] for k in _FRAME_KEYS if k in settings})
+
+
+# ---- decoding -----------------------------------------------------------------------------------------------
+def decode_image(data: Any) -> Image.Image:
+    """`data` (see MultimodalProcessor.image) as an RGB PIL image: EXIF orientation applied and transparency
+    composited onto white, as transformers' image loading does. Raises ValueError naming what was wrong."""
+    from PIL import Image, ImageOps
+
+    if isinstance(data, Path):
+        img = _open_bytes(_read_file(data, "image"), f"image file {str(data)!r}")
+    elif isinstance(data, str):
+        text = data.strip()
+        if text.lower().startswith(("http://", "https://")):
+            raise ValueError(f"image URL {text[:80]!r} not fetched: no network access; pass a path, bytes or a "
+                             "data: URL")
+        if text.lower().startswith("data:"):
+            img = _open_bytes(_data_url_bytes(text), "the data: URL")
+        else:
+            img = _open_bytes(_read_file(Path(text).expanduser(), "image"), f"image file {text!r}")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        img = _open_bytes(bytes(data), "the image bytes")
+    elif isinstance(data, Image.Image):
+        img = data
+    elif isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim not in (2, 3) or (data.ndim == 3 and data.shape[2] not in (3, 4)):
+            raise ValueError(f"an image array must be uint8 of shape (H, W, 3) (or (H, W) / (H, W, 4)), got "
+                             f"{data.dtype} {data.shape}")
+        if min(data.shape[:2]) == 0:
+            raise ValueError(f"the image array is empty: shape {data.shape}")
+        img = Image.fromarray(np.ascontiguousarray(data))
+    else:
+        raise ValueError(f"cannot read an image from a {type(data).__name__}: pass a path, PIL image, uint8 array "
+                         "(H, W, 3), encoded bytes or a data: URL")
+    try:  # a PIL image opened lazily by the caller is decoded only here
+        img = ImageOps.exif_transpose(img)
+        if "A" in img.getbands() or "transparency" in img.info:
+            rgba = img.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, rgba).convert("RGB")
+        return img if img.mode == "RGB" else img.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"the image cannot be decoded: {e}") from None
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    if not path.is_file():
+        raise ValueError(f"{what} file {str(path)!r} does not exist" if not path.exists()
+                         else f"{what} path {str(path)!r} is not a file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} file {str(path)!r}: {e}") from None
+
+
+def _data_url_bytes(url: str) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep or not header.lower().endswith(";base64"):
+        raise ValueError(f"a data: URL must look like 'data:image/png;base64,...', got {url[:40]!r}")
+    try:
+        return base64.b64decode(payload.strip(), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"the data: URL's base64 payload is corrupt: {e}") from None
+
+
+def _open_bytes(raw: bytes, what: str) -> Image.Image:
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(raw))
+        img.load()  # decode now: a truncated file fails here, not inside the processor
+    except (Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"{what} is not a readable image ({len(raw)} bytes): {e}") from None
+    return img
+
+
+def thumbnail(img: Image.Image) -> str:
+    """A PNG data: URL of `img` shrunk to fit THUMBNAIL_PX x THUMBNAIL_PX (aspect ratio kept)."""
+    small = img.copy()
+    small.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+    buf = io.BytesIO()
+    small.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def uniform_indices(total: int, num_frames: int) -> list[int]:
+    """`num_frames` frame indices spread evenly from the first frame to the last (repeats when total is less)."""
+    return np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
+
+
+def read_video(path: str | Path, num_frames: int) -> tuple[list[np.ndarray], list[int], int]:
+    """(frames as uint8 (H, W, 3) RGB arrays, their indices, the video's frame count).
+
+    Uses the container's frame count when it has one (one decoding pass that keeps only the sampled frames),
+    else counts the frames first. Raises ValueError for every way the file can fail to give frames."""
+    if not isinstance(path, (str, Path)):
+        raise ValueError(f"a video is given by its file path, got a {type(path).__name__}")
+    p = Path(path).expanduser()
+    if str(path).lower().startswith(("http://", "https://")):
+        raise ValueError(f"video URL {str(path)[:80]!r} not fetched: no network access; pass a file path")
+    if not p.is_file():
+        raise ValueError(f"video file {str(path)!r} does not exist" if not p.exists()
+                         else f"video path {str(path)!r} is not a file")
+    declared = _video_frames(p, None)[1]
+    total = declared if declared > 0 else _video_frames(p, [])[2]
+    if total == 0:
+        raise ValueError(f"video file {str(path)!r} has no frames")
+    indices = uniform_indices(total, num_frames)
+    frames, _, seen = _video_frames(p, indices)
+    if len(frames) < len(indices):  # the container declared more frames than it holds: sample what is there
+        if seen == 0:
+            raise ValueError(f"video file {str(path)!r} has no frames")
+        total, indices = seen, uniform_indices(seen, num_frames)
+        frames, _, _ = _video_frames(p, indices)
+    return frames, indices, total
+
+
+def _video_frames(path: Path, wanted: list[int] | None) -> tuple[list[np.ndarray], int, int]:
+    """Open `path` and return (the frames at `wanted`, in that order, the declared frame count (0: unknown),
+    how many frames were decoded). wanted=None only opens and checks the file; [] decodes every frame to count
+    them."""
+    import av
+
+    where = f"video file {str(path)!r}"
+    try:
+        container = av.open(str(path))
+    except (av.FFmpegError, OSError, ValueError) as e:
+        raise ValueError(f"{where} is not a readable video: {e}") from None
+    with container:
+        if not container.streams.video:
+            raise ValueError(f"{where} has no video stream")
+        stream = container.streams.video[0]
+        declared = int(stream.frames or 0)
+        if wanted is None:
+            if stream.codec_context is None:
+                raise ValueError(f"{where}: no decoder for its video codec")
+            return [], declared, 0
+        want = set(wanted)
+        last = max(wanted) if wanted else None
+        got: dict[int, np.ndarray] = {}
+        seen = 0
+        try:
+            for i, frame in enumerate(container.decode(stream)):
+                seen = i + 1
+                if i in want:
+                    got[i] = frame.to_ndarray(format="rgb24")  # (H, W, 3) uint8
+                if last is not None and i >= last:
+                    break
+        except (av.FFmpegError, ValueError) as e:
+            raise ValueError(f"{where} cannot be decoded: {e}") from None
+    if not want:
+        return [], declared, seen
+    return [got[i] for i in wanted if i in got], declared, seen
