@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # auto: flashinfer on CUDA when importable, else triton on CUDA; torch on CPU (engine/attention/base.py)
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+# CPU weight quantization (kernels/quant_linear.py); auto = CPU_DEFAULT_QUANTIZATION on CPU, none on GPU
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class EngineConfig:
     chunked_prefill_size: int = 2048  # a longer extend is split into chunks of this many tokens
     schedule_policy: str = "lpm"
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
+    # CPU: linear layers with int8 / int4 weights for decode-sized batches and bf16 weights for prefill, the head
+    # in bf16; "auto" picks int4 per layer where it is lossless (weights from a 4-bit GGUF, as the default model's)
+    # else int8; "none" keeps exact fp32 (what the HF-equality tests use). GPU: bf16 weights ("auto" = "none")
+    quantization: str = "auto"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
@@ -55,6 +61,8 @@ class EngineConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
         if not 0.0 < self.mem_fraction_static <= 1.0:

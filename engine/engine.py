@@ -613,6 +613,7 @@ class Engine:
             "model": self.source.name,
             "device": self.runner.placement,
             "attention_backend": self.runner.attention_backend,
+            "quantization": self.runner.quantization,
             "tp_size": self.config.tp_size,
             "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
             "running": s.count(ReqStatus.RUNNING) + s.count(ReqStatus.EXTENDING),

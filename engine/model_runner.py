@@ -24,7 +24,7 @@ from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.model_loader import ModelSource
-from sgnb.engine.models.registry import build_model
+from sgnb.engine.models.registry import build_model, resolve_quantization
 
 log = logging.getLogger("sgnb.engine")
 
@@ -76,6 +76,7 @@ class Runner(Protocol):
     device: torch.device
     placement: str
     attention_backend: str
+    quantization: str
     context_length: int
     kv_pool: KVPool
     req_pool: ReqToTokenPool
@@ -89,6 +90,14 @@ class Runner(Protocol):
     def failure(self) -> BaseException | None: ...
 
     def shutdown(self) -> None: ...
+
+
+def describe_quantization(mode: str, model: Any) -> str:
+    """What the weights are, for logs and stats: "none", or e.g. "auto: int4 x210, bf16 x1"."""
+    counts = getattr(model, "quantized_layers", None)
+    if not counts:
+        return mode
+    return f"{mode}: " + ", ".join(f"{m} x{n}" for m, n in sorted(counts.items()))
 
 
 def make_runner(config: EngineConfig, source: ModelSource) -> Runner:
@@ -116,7 +125,10 @@ class ModelRunner:
         self.model_config = mcfg
         self.context_length = config.context_length or mcfg.max_position_embeddings
 
-        self.model = build_model(mcfg, source, self.device, self.dtype, self.context_length, seed=config.random_seed)
+        quantization = resolve_quantization(config.quantization, self.device)
+        self.model = build_model(mcfg, source, self.device, self.dtype, self.context_length, seed=config.random_seed,
+                                 quantization=quantization)
+        self.quantization = describe_quantization(quantization, self.model)
 
         slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)
         self.kv_cache = KVCache(slots, mcfg.num_hidden_layers, mcfg.num_key_value_heads, mcfg.head_dim, kv_dtype,
@@ -126,8 +138,8 @@ class ModelRunner:
         self.attn = make_attention_backend(config.attention_backend, self.kv_cache, mcfg.num_attention_heads,
                                            mcfg.num_key_value_heads, mcfg.head_dim, self.device)
         self.attention_backend = self.attn.name
-        log.info("model %s on %s/%s, KV pool %d tokens, attention %s", source.name, self.device, self.dtype,
-                 self.kv_pool.size, self.attention_backend)
+        log.info("model %s on %s/%s (weights: %s), KV pool %d tokens, attention %s", source.name, self.device,
+                 self.dtype, self.quantization, self.kv_pool.size, self.attention_backend)
 
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""

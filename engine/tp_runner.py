@@ -49,7 +49,7 @@ from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_loader import ModelSource
 from sgnb.engine.model_runner import kv_pool_slots, resolve_device, resolve_dtype
-from sgnb.engine.models.registry import build_model
+from sgnb.engine.models.registry import build_model, resolve_quantization
 from sgnb.engine.tensor_parallel import TPGroup, check_tp_size, shard_layout
 
 log = logging.getLogger("sgnb.engine")
@@ -173,6 +173,7 @@ class TPModelRunner:
         self.device = torch.device("cpu")
         self.placement = f"{where} ({size} tensor-parallel worker{'s' if size > 1 else ''})"
         self.attention_backend = resolve_backend_name(config.attention_backend, worker_device)  # what workers run
+        self.quantization = resolve_quantization(config.quantization, worker_device)
         self.context_length = config.context_length or mcfg.max_position_embeddings
         self._io_lock = threading.Lock()  # one exchange with the workers at a time; pipes are read under it
         self._fatal: WorkerError | None = None
@@ -454,7 +455,8 @@ class _Worker:
             group = torch.distributed.group.WORLD
         self.layout = shard_layout(mcfg, spec.rank, spec.size)
         self.model = build_model(mcfg, spec.source, device, self.dtype, spec.context_length,
-                                 TPGroup(self.layout, group), seed=config.random_seed)
+                                 TPGroup(self.layout, group), seed=config.random_seed,
+                                 quantization=resolve_quantization(config.quantization, device))
         self.kv_capacity = kv_pool_slots(config, mcfg, self.kv_dtype, device, self.layout.num_kv_heads,
                                          spec.context_length)
         self.kv_cache: KVCache | None = None

@@ -104,6 +104,9 @@ def _merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.T
     return o1 * w1 + o2 * w2
 
 
+attend_with_lse = _attend  # public names for backends that assemble attention from these pieces
+merge_partials = _merge
+
 DECODE_CHUNK_SLOTS = 1 << 16  # padded (request, key) pairs gathered at once: bounds the temporary K/V copies
 
 

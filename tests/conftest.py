@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 def engine():
     from sgnb.engine import Engine
 
-    eng = Engine("smollm2")
+    eng = Engine("smollm2", quantization="none")  # exact fp32: the HF oracle tests
     yield eng
     eng.shutdown()
 

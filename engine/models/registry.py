@@ -37,9 +37,24 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
     return getattr(importlib.import_module(module), name)
 
 
+# the linear layers that weight quantization replaces (the language model's; a vision tower's keep their names)
+QUANTIZED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+
+
+def resolve_quantization(name: str, device: torch.device) -> str:
+    """What `name` means on `device`: "none" on GPU for "auto"; ValueError where it cannot run."""
+    if name == "auto":
+        return "auto" if device.type == "cpu" else "none"
+    if name != "none" and device.type != "cpu":
+        raise ValueError(f"quantization={name!r} is for the CPU engine (its kernels are torch's CPU weight-only "
+                         "ones); on a GPU the model runs in bf16: use quantization='none' or 'auto'")
+    return name
+
+
 def build_model(config: ModelConfig, source: ModelSource, device: torch.device, dtype: torch.dtype,
-                max_positions: int, tp: TPGroup | None = None, seed: int = 0) -> nn.Module:
-    """The model for `source` on `device`, in eval mode, holding `tp`'s shard (the whole model when None)."""
+                max_positions: int, tp: TPGroup | None = None, seed: int = 0, quantization: str = "none") -> nn.Module:
+    """The model for `source` on `device`, in eval mode, holding `tp`'s shard (the whole model when None);
+    with quantization "int8" / "int4" (CPU) its linear layers become QuantLinear (kernels/quant_linear.py)."""
     from sgnb.engine.model_loader import load_state_dict
 
     cls = model_class(config)
@@ -51,4 +66,9 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
         sharded = tp is not None and tp.size > 1
         state = load_state_dict(source, device, dtype, shard=model.shard_hf if sharded else None)
         model.load_hf_state_dict(state, device, dtype)
+    if quantization != "none":
+        from sgnb.kernels.quant_linear import quantize_linears
+
+        counts = quantize_linears(model, quantization, QUANTIZED_LINEARS)
+        model.quantized_layers = counts  # e.g. {"int4": 210, "bf16": 1}: logged and reported by the runner
     return model.eval()

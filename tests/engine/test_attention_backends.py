@@ -57,7 +57,8 @@ def model_dir(tmp_path_factory):
 def engines(model_dir):
     from sgnb.engine import Engine
 
-    made = {name: Engine(str(model_dir), device=DEVICE, dtype=DTYPE, attention_backend=name, max_total_tokens=4096)
+    made = {name: Engine(str(model_dir), device=DEVICE, dtype=DTYPE, attention_backend=name, max_total_tokens=4096,
+                         quantization="none")
             for name in ["torch", *FAST]}
     yield made
     for eng in made.values():

@@ -96,7 +96,7 @@ def test_cached_kv_equals_recompute(engine):
 def test_chunked_prefill_matches_hf(hf_logprobs):
     from sgnb.engine import Engine
 
-    with Engine("smollm2", chunked_prefill_size=7, max_prefill_tokens=16) as eng:
+    with Engine("smollm2", chunked_prefill_size=7, max_prefill_tokens=16, quantization="none") as eng:
         ids = _ids(eng, PROMPT)
         out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0},
                            return_logprob=True, logprob_start_len=0)
@@ -160,7 +160,7 @@ def test_scheduling_policies_and_no_radix_agree(engine):
     engine.flush_cache()
     base = _greedy(engine, prompts, n=6)
     for kw in ({"schedule_policy": "fcfs"}, {"schedule_policy": "dfs-weight"}, {"disable_radix_cache": True}):
-        with Engine("smollm2", **kw) as eng:
+        with Engine("smollm2", quantization="none", **kw) as eng:
             outs = _greedy(eng, prompts, n=6)
             for a, b in zip(base, outs):
                 _same_or_near_tie(a, b)
@@ -240,9 +240,9 @@ def test_kv_exhaustion_retracts_and_finishes():
     from sgnb.engine import Engine
 
     prompts = [f"{PROMPT} Variant {i}:" for i in range(6)]
-    with Engine("smollm2") as big:
+    with Engine("smollm2", quantization="none") as big:
         want = _greedy(big, prompts, n=40)
-    with Engine("smollm2", max_total_tokens=200, init_new_token_ratio=0.0, min_new_token_ratio=0.0) as small:
+    with Engine("smollm2", max_total_tokens=200, init_new_token_ratio=0.0, min_new_token_ratio=0.0, quantization="none") as small:
         got = _greedy(small, prompts, n=40)
         assert small.get_stats()["retractions"] > 0
         for a, b in zip(want, got):
@@ -254,7 +254,7 @@ def test_kv_exhaustion_retracts_and_finishes():
 def test_prompt_larger_than_pool_is_rejected():
     from sgnb.engine import Engine
 
-    with Engine("smollm2", max_total_tokens=64) as eng:
+    with Engine("smollm2", max_total_tokens=64, quantization="none") as eng:
         with pytest.raises(ValueError, match="at most 63"):
             eng.generate(PROMPT * 3, {"max_new_tokens": 1})
         assert eng.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
@@ -448,3 +448,22 @@ def test_incremental_text_and_stop_strings_equal_full_decoding(engine):
     early = text[len(pieces[1]): len(pieces[2])]
     out = engine.generate(input_ids=ids, sampling_params={**base, "stop": [early], "min_new_tokens": 12})
     assert len(out["output_ids"]) == 12 and out["text"] == text[: text.find(early)]
+
+
+def test_decode_over_contiguous_slots_reads_the_pool_in_place(engine, hf_logprobs):
+    """The torch backend's decode route: a lone request's slots form one long contiguous run (read as a view)
+    plus a gathered rest; with several requests the runs interleave and it takes the reference path. Either way
+    every step's logprob equals HF's."""
+    ids = _ids(engine, PROMPT) * 2  # > MIN_VIEW_RUN tokens
+    engine.flush_cache()
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+                          return_logprob=True)
+    ref = hf_logprobs(ids + out["output_ids"])
+    for step, (lp, tok, _) in enumerate(out["meta_info"]["output_token_logprobs"]):
+        assert abs(lp - ref[len(ids) - 1 + step, tok].item()) < TOL, step
+    outs = engine.generate(input_ids=[ids, ids[:-3]], sampling_params={"max_new_tokens": 6, "temperature": 0,
+                                                                      "ignore_eos": True}, return_logprob=True)
+    for prompt, o in zip([ids, ids[:-3]], outs):
+        ref = hf_logprobs(prompt + o["output_ids"])
+        for step, (lp, tok, _) in enumerate(o["meta_info"]["output_token_logprobs"]):
+            assert abs(lp - ref[len(prompt) - 1 + step, tok].item()) < TOL, step

@@ -50,7 +50,8 @@ def hf(ckpts):
 def engines(ckpts):
     from sgnb.engine import Engine
 
-    made = {kind: Engine(str(path), device="cpu", max_total_tokens=8192) for kind, path in ckpts.items()}
+    made = {kind: Engine(str(path), device="cpu", max_total_tokens=8192, quantization="none")  # HF oracle: exact
+            for kind, path in ckpts.items()}
     yield made
     for e in made.values():
         e.shutdown()
@@ -188,7 +189,7 @@ def test_chunks_and_cached_prefixes_that_end_inside_an_image(ckpts, hf):
 
     kind = "llava_next"
     eng = Engine(str(ckpts[kind]), device="cpu", chunked_prefill_size=7, max_prefill_tokens=7,
-                 max_total_tokens=4096)
+                 max_total_tokens=4096, quantization="none")
     try:
         img = FX.smooth_image(40, 28, seed=6)
         item = eng.media_processor().image(img)

@@ -102,7 +102,7 @@ def test_jump_forward_saves_decode_steps(engine):
     prompt = "Harry Potter is a wizard. Describe him in JSON.\n"
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": CHARACTER_REGEX}
     on = engine.generate(prompt, sp)
-    with Engine("smollm2", disable_jump_forward=True) as off_engine:
+    with Engine("smollm2", disable_jump_forward=True, quantization="none") as off_engine:
         off = off_engine.generate(prompt, sp)
     for o in (on, off):
         assert re.fullmatch(CHARACTER_REGEX, o["text"]), o["text"]
@@ -126,7 +126,7 @@ def test_jump_forward_changes_outputs_only_through_tokenization(engine, regex):
     prompt = "Is water wet? Reply in the format.\n"
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": regex}
     on = engine.generate(prompt, sp)
-    with Engine("smollm2", disable_jump_forward=True) as off_engine:
+    with Engine("smollm2", disable_jump_forward=True, quantization="none") as off_engine:
         off = off_engine.generate(prompt, sp)
     assert re.fullmatch(regex, on["text"]) and re.fullmatch(regex, off["text"])
     a, b, forced = on["output_ids"], off["output_ids"], on["meta_info"]["output_forced"]

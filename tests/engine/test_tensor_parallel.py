@@ -29,7 +29,7 @@ PROMPT = ("The radix tree keeps the KV cache of every prompt it has seen, so a l
 
 @pytest.fixture(scope="module")
 def tp2():
-    eng = Engine("smollm2", tp_size=2, device="cpu")
+    eng = Engine("smollm2", tp_size=2, device="cpu", quantization="none")
     yield eng
     eng.shutdown()
 
@@ -203,7 +203,7 @@ def test_tp2_batch_matches_tp1(engine, tp2):
 
 @pytest.mark.slow
 def test_tp1_through_a_worker_equals_in_process(engine):
-    with Engine("smollm2", tp_workers=True, device="cpu") as eng:
+    with Engine("smollm2", tp_workers=True, device="cpu", quantization="none") as eng:
         assert eng.runner.placement == "cpu (1 tensor-parallel worker)"
         for e in (engine, eng):
             e.flush_cache()

@@ -1,0 +1,96 @@
+"""Weight-quantized linears (kernels/quant_linear.py) against their torch reference and the fp32 layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from sgnb.kernels.quant_linear import (
+    SMALL_M,
+    QuantLinear,
+    dequantize,
+    quant_linear_ref,
+    quantize_int4,
+    quantize_int8,
+    quantize_linears,
+)
+
+
+def _linear(n: int, k: int, bias: bool, seed: int) -> nn.Linear:
+    g = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=g))
+    return lin
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantization_round_trip(mode):
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(0)) * 0.05
+    if mode == "int8":
+        q, scale = quantize_int8(w)
+        packed = {"q": q, "scale": scale}
+        assert q.dtype == torch.int8 and q.abs().max() <= 127
+        bound = scale[:, None] / 2  # half a step per element
+    else:
+        q, scale, zero = quantize_int4(w)
+        packed = {"q": q, "scale": scale, "zero": zero}
+        assert q.min() >= 0 and q.max() <= 15
+        bound = scale.repeat_interleave(32, dim=1) / 2
+    err = (dequantize(mode, packed) - w).abs()
+    assert (err <= bound + 1e-7).all()
+    assert err.max() > 0  # it is quantized
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("m", [1, 3, SMALL_M, SMALL_M + 1, 40])
+def test_layer_equals_reference_and_stays_close_to_fp32(mode, bias, m):
+    lin = _linear(160, 192, bias, seed=m)
+    layer = QuantLinear(lin, mode)
+    w = lin.weight.detach()
+    packed = dict(zip(("q", "scale"), quantize_int8(w))) if mode == "int8" else \
+        dict(zip(("q", "scale", "zero"), quantize_int4(w)))
+    x = torch.randn(m, 192, generator=torch.Generator().manual_seed(100 + m))
+    got = layer(x)
+    assert got.shape == (m, 160) and got.dtype == torch.float32
+    ref = quant_linear_ref(x, mode, packed, lin.bias)
+    # both paths (packed kernel for <= SMALL_M rows, bf16 GEMM above) multiply by the same quantized weights
+    torch.testing.assert_close(got, ref, atol=3e-2, rtol=2e-2)
+    exact = lin(x)
+    rel = ((got - exact).norm() / exact.norm()).item()
+    assert rel < (0.02 if mode == "int8" else 0.12), rel
+
+
+def test_quantize_linears_replaces_named_layers_and_keeps_a_tied_embedding():
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(64, 32)
+            self.block = nn.ModuleDict({"qkv_proj": nn.Linear(32, 96), "other": nn.Linear(32, 32)})
+            self.lm_head = nn.Linear(32, 64, bias=False)
+            self.lm_head.weight = self.embed.weight  # tied
+
+    m = Tiny()
+    table = m.embed.weight.detach().clone()
+    # random weights are not on a 4-bit grid: the layer takes int8 as asked, the head bf16 (its auto choice)
+    assert quantize_linears(m, "int8", ("qkv_proj", "lm_head")) == {"int8": 1, "bf16": 1}
+    assert isinstance(m.block["qkv_proj"], QuantLinear) and isinstance(m.lm_head, QuantLinear)
+    assert m.block["qkv_proj"].mode == "int8" and m.lm_head.mode == "bf16"
+    assert isinstance(m.block["other"], nn.Linear)
+    assert torch.equal(m.embed.weight, table)  # the embedding lookup table is untouched
+
+
+def test_auto_takes_int4_exactly_where_weights_sit_on_a_4bit_grid():
+    from sgnb.kernels.quant_linear import choose_mode, int4_is_lossless
+
+    w = torch.randn(64, 128) * 0.05
+    q, scale, zero = quantize_int4(w)
+    on_grid = dequantize("int4", {"q": q, "scale": scale, "zero": zero})  # what a Q4 GGUF holds
+    assert int4_is_lossless(on_grid) and not int4_is_lossless(w)
+    assert choose_mode(on_grid, "auto", head=False) == "int4" and choose_mode(w, "auto", head=False) == "int8"
+    assert choose_mode(w, "auto", head=True) == "bf16"
+    assert choose_mode(torch.randn(8, 48), "int4", head=False) == "int8"  # K not a multiple of the group
