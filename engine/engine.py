@@ -248,6 +248,18 @@ class Engine:
                 self._media.popitem(last=False)
         return ids, placements
 
+    def _trailing_items(self, ids: list[int], items: list[Any]) -> list[Any]:
+        """The items whose tokens a suffix of the prompt holds (the last ones of each kind): an unconditional
+        scoring context that starts on an image keeps that image."""
+        if self.vision is None:
+            return []
+        vs = self.vision
+        n_img = ids.count(vs.image_token_index)
+        n_vid = ids.count(vs.video_token_index) if vs.video_token_index is not None else 0
+        images = [it for it in items if it.kind == "image"]
+        videos = [it for it in items if it.kind == "video"]
+        return images[len(images) - n_img:] + videos[len(videos) - n_vid:]
+
     def _make_reqs(self, prompt: Prompt, input_ids: InputIds, sampling_params: dict | list[dict] | None,
                    return_logprob: bool | list[bool], logprob_start_len: int | list[int],
                    top_logprobs_num: int | list[int], rid: str | list[str] | None,
@@ -386,8 +398,11 @@ class Engine:
                              video_data: Any = None) -> dict | list[dict] | AsyncIterator[dict]:
         """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests."""
         self._check_open()
-        reqs, many = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                     top_logprobs_num, rid, image_data, video_data)
+        args = (prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid,
+                image_data, video_data)
+        # images and videos are decoded and preprocessed off the caller's event loop (a server's)
+        reqs, many = (await asyncio.to_thread(self._make_reqs, *args) if image_data is not None or video_data is not None
+                      else self._make_reqs(*args))
         loop = asyncio.get_running_loop()
         if stream:
             if many:
@@ -474,7 +489,7 @@ class Engine:
             return f"[{self._media.get(token, {}).get('kind', 'image')}]"
         return self.tokenizer.token_text(token)
 
-    def _key_text(self, ids: list[int]) -> str:
+    def key_text(self, ids: list[int]) -> str:
         """A radix key as text: an image's (video's) run of pad ids reads "[image]" ("[video]")."""
         parts, run, last_pad = [], [], None
         for t in ids:
@@ -492,7 +507,7 @@ class Engine:
             parts.append(self.tokenizer.decode(run, False))
         return "".join(parts)
 
-    def _key_media(self, ids: list[int]) -> list[dict[str, Any]]:
+    def key_media(self, ids: list[int]) -> list[dict[str, Any]]:
         """The images / videos a radix key holds: kind, short hash, thumbnail (data: URL), tokens in this key."""
         counts: dict[int, int] = {}
         for t in ids:
@@ -520,7 +535,9 @@ class Engine:
                           choices_method: str = "token_length_normalized", image_data: Any = None,
                           video_data: Any = None) -> dict:
         self._check_open()
-        plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
+        args = (prefix, choices, choices_method, image_data, video_data)
+        plan = (await asyncio.to_thread(self._score_plan, *args) if image_data is not None or video_data is not None
+                else self._score_plan(*args))
         outs = await self._await(plan["reqs"], False)
         return self._score_result(plan, outs, choices, choices_method, False)
 
@@ -547,7 +564,8 @@ class Engine:
         items = self._media_items(image_data, video_data)  # once for every choice (they share the prefix)
         reqs = []
         for k, (ids, st) in enumerate(zip(inputs, starts)):
-            expanded, placements = self._with_media(ids, None, None, items=items if k < len(full) else [])
+            expanded, placements = self._with_media(ids, None, None, items=items if k < len(full)
+                                                    else self._trailing_items(ids, items))
             st += len(expanded) - len(ids)  # every image sits in the shared prefix, before the scored tokens
             req = Req(uuid.uuid4().hex[:12], expanded, SamplingParams.from_dict({"max_new_tokens": 0}),
                       return_logprob=True, logprob_start_len=st)
@@ -594,11 +612,11 @@ class Engine:
 
     def tree_snapshot(self, max_key_tokens: int = 64) -> dict:
         """The live radix tree: {"nodes": [...], "total_tokens", "evictable_tokens", "protected_tokens"}."""
-        nodes = self.tree.snapshot(self._key_text, max_key=max_key_tokens)
+        nodes = self.tree.snapshot(self.key_text, max_key=max_key_tokens)
         if self._media:
             for node in nodes:
                 if any(is_pad(t) for t in node["key"]):
-                    node["media"] = self._key_media(node["key"])
+                    node["media"] = self.key_media(node["key"])
         return {"nodes": nodes, "total_tokens": self.tree.total_size, "evictable_tokens": self.tree.evictable_size,
                 "protected_tokens": self.tree.protected_size}
 

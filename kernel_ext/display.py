@@ -65,8 +65,11 @@ def variables_summary(state: Any) -> Text:
 
 
 def tree_text(engine: Any, max_nodes: int = 60) -> Text:
-    """The radix tree as an indented outline: tokens, locks, hits and the start of each node's text."""
-    snap = engine.tree_snapshot(max_key_tokens=16)
+    """The radix tree as an indented outline: tokens, locks, hits and the start of each node's text (labelled as
+    the widget and the lab panel label it: an image reads "[image]", followed by its hash and tokens)."""
+    from sgnb.widgets._media import key_label
+
+    snap = engine.tree_snapshot(max_key_tokens=0)  # structure; the labels of the lines shown are made below
     nodes = snap["nodes"]
     children: dict[Any, list[dict]] = {}
     for n in nodes:
@@ -79,8 +82,10 @@ def tree_text(engine: Any, max_nodes: int = 60) -> Text:
             return
         if node["parent"] is not None:
             lock = f", locked x{node['lock_ref']}" if node["lock_ref"] else ""
-            lines.append(f"{'  ' * depth}- [{node['tokens']} tok, {node['hit_count']} hits{lock}] "
-                         f"{node.get('text', '')!r}")
+            live = engine.tree.nodes.get(node["id"])
+            text, media = key_label(engine, live.key, 16, px=None) if live is not None else ("", [])
+            held = "".join(f" ({m['kind']} {m['hash']}, {m['tokens']} tok)" for m in media)
+            lines.append(f"{'  ' * depth}- [{node['tokens']} tok, {node['hit_count']} hits{lock}] {text!r}{held}")
         for child in children.get(node["id"], []):
             walk(child, depth + (node["parent"] is not None))
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import ChatTemplate
+from sgnb.media import Media
 from sgnb.sampling import GenParams
 
 T = TypeVar("T")
@@ -36,6 +37,19 @@ class InterruptibleBackend(Backend):
 
     def __getattr__(self, name: str) -> Any:  # anything backend-specific (e.g. Runtime.engine)
         return getattr(self.backend, name)
+
+    # Backend's class attributes would shadow __getattr__: what the backend takes is the backend's to say
+    @property
+    def image_token(self) -> str | None:  # type: ignore[override]
+        return self.backend.image_token
+
+    @property
+    def video_token(self) -> str | None:  # type: ignore[override]
+        return self.backend.video_token
+
+    @property
+    def fetches_urls(self) -> bool:  # type: ignore[override]
+        return self.backend.fetches_urls
 
     # ---- bookkeeping -------------------------------------------------------------------------------------
     def _enter(self, rid: str) -> None:
@@ -87,10 +101,16 @@ class InterruptibleBackend(Backend):
     def get_chat_template(self) -> ChatTemplate:
         return self.backend.get_chat_template()
 
-    def cache_prefix(self, prefix: str) -> None:
+    def media_token(self, media: Media) -> str:
+        return self.backend.media_token(media)
+
+    def cache_prefix(self, prefix: str, images: list[Media] | None = None) -> None:
         if self._interrupted:
             raise CellInterrupted("the cell was interrupted")
-        self.backend.cache_prefix(prefix)
+        if images:
+            self.backend.cache_prefix(prefix, images)
+        else:  # a backend written before images takes one argument
+            self.backend.cache_prefix(prefix)
 
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         return self._tracked(ctx.rid, lambda: self.backend.generate(ctx, params))

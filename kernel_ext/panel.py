@@ -6,9 +6,11 @@ its own, so it gets answers while a cell is running. The call only reads: the ra
 the scheduler's counters; the engine does no work for it.
 
 The tree comes as the rows that `widgets/radix_tree_draw.js` draws (its header documents them), so the panel
-and the RadixTreeView widget draw with the same code. Node colours come from the tree's own clocks: "new" =
-created, "hit" = matched again, within `HIGHLIGHT_S` of the tree's latest activity (an idle tree keeps the
-colours of its last step); "evicted" = gone since an earlier call, for `FADE_S` seconds.
+and the RadixTreeView widget draw with the same code; both label keys with `sgnb.widgets._media.key_label`, so
+a node holding an image reads "[image]" in its text and carries the image's chip in "media". Node colours come
+from the tree's own clocks: "new" = created, "hit" = matched again, within `HIGHLIGHT_S` of the tree's latest
+activity (an idle tree keeps the colours of its last step); "evicted" = gone since an earlier call, for
+`FADE_S` seconds.
 
 Self-contained on purpose: it imports nothing of IPython and only `sgnb` itself (cheap, no torch), so a kernel
 that never imported sgnb pays almost nothing to answer "no engine here".
@@ -27,6 +29,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from sgnb.widgets._media import key_label, key_media, key_text
 from sgnb.widgets._series import stats_point
 
 MAX_NODES = 300  # rows sent to the browser; a bigger tree is folded into "+N nodes" group rows
@@ -86,9 +89,18 @@ def snapshot(engine: Any | None = None, max_nodes: int = MAX_NODES, collapsed: I
     memory = _Memory.of(engine)
     rows, summary = layout(nodes, max_nodes, set(collapsed), set(expanded), memory)
     for row in rows:
-        if "text" not in row and not row.get("group"):
-            row["text"] = engine.tokenizer.decode(row.pop("key"), False) if row["parent"] is not None else ""
-        row.pop("key", None)
+        key = row.pop("key", None)
+        if "text" in row or row.get("group"):  # a group, or an evicted row that keeps its last label
+            continue
+        if row["parent"] is None:
+            row["text"] = ""
+            continue
+        # the whole key (a dict read; a live key is replaced, never mutated): an image's pad ids count as one
+        # token of the label, and an image anywhere in the key gets its chip
+        live = tree.nodes.get(row["id"])
+        row["text"], media = key_label(engine, live.key if live is not None else key, LABEL_TOKENS)
+        if media:
+            row["media"] = media
     stats = engine.get_stats()
     return {
         "engine": {"model": engine.model_name, "device": engine.runner.placement, "alive": engine.is_alive},
@@ -205,11 +217,13 @@ def details(engine: Any, node_id: int) -> dict[str, Any]:
             depth += len(p.key)
             p = p.parent
         info = {"tokens": len(node.key), "hits": node.hit_count, "locked": node.lock_ref > 0}
+        key = node.key  # replaced by a split, never mutated: safe to read after the lock
+    media = key_media(engine, key, px=None)  # the engine's own thumbnails (one node's, not every row's)
     prefix_ids = [t for key in reversed(path) for t in key]
-    prefix = engine.tokenizer.decode(prefix_ids[-2000:], False)
-    return {"id": node_id, "text": engine.tokenizer.decode(own, False), "prefix": prefix,
+    prefix = key_text(engine, prefix_ids[-2000:])
+    return {"id": node_id, "text": key_text(engine, own), "prefix": prefix,
             "prefix_truncated": len(prefix_ids) > 2000, "state": "", "rids": [], "n_rids": 0,
-            "depth_tokens": depth, **info}
+            "depth_tokens": depth, "media": media, **info}
 
 
 # the stats charts, as stats_draw.js names them (the EngineStats widget samples the same series)

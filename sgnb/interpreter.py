@@ -3,7 +3,14 @@
 `s += node` submits without blocking; the executor appends text and calls the backend in order. Reading a
 variable blocks until it is set. An exception stops the state: later nodes are skipped, waiting readers wake
 up, and the error is raised at `s["v"]` / `sync()` with the program line that submitted the failing node.
-Executors publish trace events (text, gen chunks, selects, roles, forks) to subscribers, such as widgets.
+Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets.
+
+Images and videos: `sgl.image(x)` / `sgl.video(path)` append the backend's image (video) token to the text and
+record the item (a `sgnb.media.Media`) in order; every later gen/select of the state, its forks and copies gets
+them. The event is `{"type": "image" | "video", "index": n (0-based over the state's media), "text": the token
+appended, "source": a short label (path, URL or what the value is), "path": the same (older views read it),
+"thumbnail": a PNG data: URL <= 96 px or None (an http(s) URL is not fetched)}`, a video's also with "frames" (a
+few frame thumbnails) and "num_frames". The "text" events plus these tokens make up the state's text.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 from sgnb import ir
 from sgnb.backends.base import Backend, GenContext
 from sgnb.chat_template import ChatTemplate
+from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 
 log = logging.getLogger("sgnb")
@@ -60,7 +68,7 @@ class StreamExecutor:
         self.chat_template = chat_template or backend.get_chat_template()
         self.text_ = ""
         self.messages_: list[dict[str, Any]] = []
-        self.images_: list[Any] = []
+        self.images_: list[Media] = []  # images and videos, in the order the program added them
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.var_events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
@@ -68,6 +76,8 @@ class StreamExecutor:
         self.cur_role_begin = 0
         self.var_scopes: dict[str, int] = {}
         self.fork_start = 0
+        self.fork_media = 0  # images_ inherited from the parent at the fork
+        self.where_: str | None = None  # the innermost node being run that knows its program line
         self.error_: BaseException | None = None
         self.error_where: str | None = None
         self.program_scratch: dict[str, Any] = {}
@@ -122,12 +132,13 @@ class StreamExecutor:
     def _run_node(self, node: ir.Node) -> None:
         if self.error_ is not None:
             return  # a failed program runs nothing more
+        self.where_ = None
         try:
             self._execute(node)
         except BaseException as e:  # includes backend errors; surfaces at s["v"] / sync()
-            self.error_, self.error_where = e, node.where
-            log.debug("program %s failed at %s", self.id, node.where, exc_info=True)
-            self.emit({"type": "error", "message": f"{type(e).__name__}: {e}", "where": node.where})
+            self.error_, self.error_where = e, self.where_ or node.where
+            log.debug("program %s failed at %s", self.id, self.error_where, exc_info=True)
+            self.emit({"type": "error", "message": f"{type(e).__name__}: {e}", "where": self.error_where})
             for ev in list(self.var_events.values()):
                 ev.set()
 
@@ -136,7 +147,11 @@ class StreamExecutor:
         handler = _HANDLERS.get(type(node))
         if handler is None:
             raise TypeError(f"cannot append a {type(node).__name__} to a program")
+        outer = self.where_
+        if node.where is not None:
+            self.where_ = node.where
         handler(self, node)
+        self.where_ = outer  # on an exception it stays at the failing node's line
 
     def _text(self, node: ir.Text) -> None:
         self._append(node.text)
@@ -219,12 +234,26 @@ class StreamExecutor:
         self.emit({"type": "role_end", "role": node.role})
 
     def _image(self, node: ir.Image) -> None:
-        self.images_.append(node.path)
-        self.emit({"type": "image", "path": str(node.path)[:200]})
+        media = Media("image", node.path)
+        token = self.backend.media_token(media)  # a backend that takes no images fails here, at the line
+        self._add_media(media, token, {"thumbnail": thumbnail(media)})  # reads the image: unreadable fails here
 
     def _video(self, node: ir.Video) -> None:
-        self.images_.append(node)
-        self.emit({"type": "video", "path": str(node.path)[:200], "num_frames": node.num_frames})
+        media = Media("video", node.path, node.num_frames)
+        token = self.backend.media_token(media)
+        frames = video_frames(media)
+        self._add_media(media, token, {"thumbnail": frames[0] if frames else None, "frames": frames,
+                                       "num_frames": node.num_frames})
+
+    def _add_media(self, media: Media, token: str, view: dict[str, Any]) -> None:
+        self.images_.append(media)
+        self.text_ += token
+        with self.chunks_cond:
+            self.chunks.append((None, token))
+            self.chunks_cond.notify_all()
+        label = describe(media)
+        self.emit({"type": media.kind, "index": len(self.images_) - 1, "text": token, "source": label,
+                   "path": label, **view})
 
     def _var_scope_begin(self, node: ir.VarScopeBegin) -> None:
         self.var_scopes[node.name] = len(self.text_)
@@ -239,6 +268,7 @@ class StreamExecutor:
             exe.sync()
             if exe.error_ is not None:
                 raise ProgramError(f"a fork failed: {exe.error_}") from exe.error_
+            self.images_.extend(exe.images_[exe.fork_media:])  # what the branch added after the fork
             self._append(exe.text_[exe.fork_start:])
 
     def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
@@ -316,7 +346,12 @@ class StreamExecutor:
         self.sync()
         self.raise_error()
         if n > 1 and self.text_:
-            self.backend.cache_prefix(self.text_)  # frontend hint: the branches share this prefix
+            # frontend hint: the branches share this prefix, images included (passed only when there are some:
+            # backends and wrappers written before images take one argument)
+            if self.images_:
+                self.backend.cache_prefix(self.text_, list(self.images_))
+            else:
+                self.backend.cache_prefix(self.text_)
         children = []
         for _ in range(n):
             child = StreamExecutor(self.backend, self.defaults, stream=self.stream, use_thread=self.use_thread,
@@ -327,7 +362,7 @@ class StreamExecutor:
             child.variables = dict(self.variables)
             for k in child.variables:
                 child.var_events[k].set()
-            child.fork_start = len(self.text_)
+            child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
         self.emit({"type": "fork", "children": [c.id for c in children]})
         return children

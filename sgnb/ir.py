@@ -63,12 +63,12 @@ class RoleEnd(Node):
 
 @dataclass(frozen=True)
 class Image(Node):
-    path: Any  # a path, bytes, a PIL image or a URL-free data URI
+    path: Any  # a path, a PIL image, a uint8 array, bytes, a data: URL or an http(s) URL (see sgnb.media)
 
 
 @dataclass(frozen=True)
 class Video(Node):
-    path: Any
+    path: Any  # a file path or an http(s) URL
     num_frames: int = 8
 
 

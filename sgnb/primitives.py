@@ -10,6 +10,7 @@ from typing import Any
 from sgnb import ir
 from sgnb.engine.scoring import SCORING_METHODS
 from sgnb.interpreter import user_location
+from sgnb.media import DEFAULT_NUM_FRAMES, check_image, check_video
 from sgnb.sampling import GenParams
 
 _DTYPES = (int, float, str, bool)
@@ -115,13 +116,21 @@ def assistant_end() -> ir.Node:
 
 
 def image(path: Any) -> ir.Node:
-    return ir.Image(path, where=user_location())
+    """An image at this point of the program: the backend's image token goes into the text here (inside the
+    role it is added to) and the image travels with every later gen/select of this state and its forks.
+    `path`: a file path, a PIL image, a uint8 array (H, W, 3), encoded bytes, a data: URL, or an http(s) URL (for
+    servers that fetch; never fetched here). The file is read when the program runs: a missing or unreadable
+    image, or a backend that takes no images, fails at this line."""
+    where = user_location()
+    check_image(path)
+    return ir.Image(path, where=where)
 
 
-def video(path: Any, num_frames: int = 8) -> ir.Node:
-    if num_frames < 1:
-        raise ValueError("video num_frames must be >= 1")
-    return ir.Video(path, num_frames, where=user_location())
+def video(path: Any, num_frames: int = DEFAULT_NUM_FRAMES) -> ir.Node:
+    """A video (its file path) sampled to `num_frames` frames, placed like image()."""
+    where = user_location()
+    check_video(path, num_frames)
+    return ir.Video(path, num_frames, where=where)
 
 
 def separate_reasoning(expr: ir.Node, model_type: str = "deepseek-r1") -> ir.Node:

@@ -12,8 +12,15 @@ OpenAI API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
 Contracts:
 - Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
   wrong types and unknown fields (request schemas forbid extras, so a typo names itself) and the engine's
-  TypeError/ValueError are 400 (an invalid regex / json_schema / ebnf too); features the engine lacks (images, tools) are 400
-  "not supported yet"; a dead engine is 503. One request's failure never affects another's.
+  TypeError/ValueError are 400 (an invalid regex / json_schema / ebnf too); features the engine lacks (audio,
+  tools) are 400 "not supported yet"; a dead engine is 503. One request's failure never affects another's.
+- Images and videos (multimodal models): /generate takes SGLang's `image_data` / `video_data` (for one prompt an
+  item or a list, for a batch one entry per prompt), /v1/chat/completions content parts `image_url` and
+  `video_url` (an extension: {"url", "num_frames"}). Each item is a data: URL or a plain base64 string (a video
+  also {"url" | "data": ..., "num_frames": n}). The server reads no local files and fetches no URLs for its
+  clients: a path or an http(s) URL is a 400, as are undecodable media and media for a text-only model.
+  /get_model_info, /get_server_info and /v1/models say whether the model takes images ("image_token",
+  "video_token").
 - A client that goes away aborts its requests: a non-streaming handler races the engine against the
   connection's `http.disconnect`; a stream stops sending and closes its engine iterators, which abort.
 - Everything runs on the server's event loop; engine calls never block it (the engine works on its own thread).
@@ -22,6 +29,8 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -29,7 +38,10 @@ import http.client
 import json
 import logging
 import math
+import mimetypes
+import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -169,9 +181,9 @@ class GenerateRequest(_Schema):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
-    # SGLang fields accepted for compatibility: only their neutral values are
-    image_data: Any = None
+    image_data: Any = None  # see _Media
     video_data: Any = None
+    # SGLang fields accepted for compatibility: only their neutral values are
     audio_data: Any = None
     modalities: Any = None
     lora_path: Any = None
@@ -417,6 +429,114 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
     return [value] * count
 
 
+# ---- images and videos from clients ------------------------------------------------------------------------------
+class _Media:
+    """Turns a request's images and videos into what the engine takes, refusing what the server must not do for
+    a client: read a local file or fetch a URL. An image becomes a data: URL (the engine decodes it) or the
+    bytes of a plain base64 string; a video (the engine reads videos from files) a temporary file with its bytes,
+    removed when the request's engine calls have been made (the engine reads the frames when it is called).
+    Use as a context manager around those calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.paths: dict[str, str] = {}  # temporary file -> the request field it came from
+
+    def __enter__(self) -> _Media:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        for path, where in self.paths.items():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(exc, APIError):  # the engine names the file it read: name the client's field instead
+                exc.message = exc.message.replace(f"video file {path!r}", f"the video of {where}").replace(path, where)
+
+    def check_model(self, kind: str, param: str) -> str:
+        """The engine's image (video) token; a 400 when the model takes none."""
+        token = self.engine.image_token if kind == "image" else self.engine.video_token
+        if token is None:
+            name = self.engine.model_name
+            raise APIError(400, f"{name} is a text-only model: it takes no images or videos"
+                           if self.engine.image_token is None else f"{name} takes images but no videos", param=param)
+        return token
+
+    def prompts(self, value: Any, kind: str, param: str, batched: bool, count: int) -> list[list[Any] | None]:
+        """SGLang's image_data / video_data -> one list of engine items (or None) per prompt."""
+        if value is None:
+            return [None] * count
+        self.check_model(kind, param)
+        if batched:
+            entries = value if isinstance(value, list) else [value] * count  # one item for the whole batch
+            if len(entries) != count:
+                raise APIError(400, f"{param} has {len(entries)} entries for {count} prompts: give one entry (an "
+                                    "item or a list) per prompt", param=param)
+        else:
+            entries = [value]
+        out: list[list[Any] | None] = []
+        for i, entry in enumerate(entries):
+            items = entry if isinstance(entry, list) else [] if entry is None else [entry]
+            where = f"{param}[{i}]" if batched else param
+            out.append([self.item(x, kind, f"{where}[{j}]" if isinstance(entry, list) else where)
+                        for j, x in enumerate(items)] or None)
+        return out
+
+    def item(self, value: Any, kind: str, where: str) -> Any:
+        """One image (video) from the wire -> what the engine takes for it."""
+        frames = None
+        if kind == "video" and isinstance(value, dict):
+            unknown = set(value) - {"url", "data", "num_frames"}
+            if unknown or not (("url" in value) ^ ("data" in value)):
+                raise APIError(400, f"{where}: a video given as an object is {{\"url\" (or \"data\"): data: URL or "
+                                    f"base64, \"num_frames\": n}}, got the keys {sorted(value)}", param=where)
+            frames = value.get("num_frames", 8)
+            if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+                raise APIError(400, f"{where}.num_frames must be an int >= 1, got {frames!r}", param=where)
+            value = value.get("url", value.get("data"))
+        if not isinstance(value, str):
+            shape = "a string (a data: URL or base64)" + (" or {url, num_frames}" if kind == "video" else "")
+            raise APIError(400, f"{where} must be {shape}, got {type(value).__name__}", param=where)
+        text = value.strip()
+        low = text.lower()
+        if not text:
+            raise APIError(400, f"{where} is an empty string", param=where)
+        if low.startswith(("http://", "https://", "ftp://")):
+            raise APIError(400, f"{where}: the {kind} URL {text[:80]!r} was not fetched: this server fetches no URLs "
+                                f"for clients; send the {kind} as a data: URL or base64", param=where)
+        if low.startswith("file:"):
+            raise APIError(400, f"{where}: {text[:80]!r} names a local file, which this server does not read for "
+                                f"clients; send the {kind}'s bytes as a data: URL or base64", param=where)
+        if low.startswith("data:"):
+            if kind == "image":
+                return text  # the engine decodes it (a corrupt payload is its ValueError: a 400)
+            header, _, payload = text.partition(",")
+            if not header.lower().endswith(";base64"):
+                raise APIError(400, f"{where}: a data: URL must be base64 ('data:video/mp4;base64,...'), got "
+                                    f"{text[:40]!r}", param=where)
+            raw = self._b64(payload, where, kind, "the data: URL's base64 payload is corrupt")
+            suffix = mimetypes.guess_extension(header[5:-7].strip()) or ""
+        else:
+            raw = self._b64(text, where, kind, None)
+            suffix = ""
+        if kind == "image":
+            return raw
+        fd, path = tempfile.mkstemp(prefix="sgnb-video-", suffix=suffix)
+        self.paths[path] = where
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        return path if frames is None else {"path": path, "num_frames": frames}
+
+    @staticmethod
+    def _b64(text: str, where: str, kind: str, corrupt: str | None) -> bytes:
+        try:
+            return base64.b64decode("".join(text.split()), validate=True)
+        except (binascii.Error, ValueError) as e:
+            if corrupt is not None:
+                raise APIError(400, f"{where}: {corrupt}: {e}", param=where) from None
+            raise APIError(400, f"{where} is neither a data: URL nor base64 ({text[:60]!r}): this server reads no "
+                                f"local files and fetches no URLs for clients; send the {kind}'s bytes as base64",
+                           param=where) from None
+
+
 # ---- the app -----------------------------------------------------------------------------------------------------
 class _Server:
     """The route handlers over one engine."""
@@ -454,7 +574,7 @@ class _Server:
     # -- native API
     async def generate(self, request: Request) -> Response:
         req: GenerateRequest = _validate(GenerateRequest, await _json_body(request))
-        for name in ("image_data", "video_data", "audio_data", "lora_path", "custom_logit_processor"):
+        for name in ("audio_data", "lora_path", "custom_logit_processor"):
             if getattr(req, name):
                 raise APIError(400, f"not supported yet: {name}", param=name)
         if req.return_hidden_states:
@@ -477,25 +597,37 @@ class _Server:
         tops = [0 if x is None else x for x in _per_item(req.top_logprobs_num, count, "top_logprobs_num")]
         ids = {r: _engine_rids(r, _n_of(p)) for r, p in zip(rids, params)}
 
-        if not req.stream:
-            def pick(values: list[Any]) -> Any:  # per prompt for a batch, the one value otherwise
-                return values if batched else values[0]
+        with _Media(self.engine) as media:
+            images = media.prompts(req.image_data, "image", "image_data", batched, count)
+            videos = media.prompts(req.video_data, "video", "video_data", batched, count)
 
-            with self.inflight.track(ids):
-                out = await self._generate(
-                    request, **{prompt_key: source}, sampling_params=pick(params), return_logprob=pick(lps),
-                    logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
-                    return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids))
-            return _json_response(out)
+            def media_kw(i: int | None) -> dict[str, Any]:  # prompt i's media; None: every prompt's (a batch)
+                kw: dict[str, Any] = {}
+                for key, per in (("image_data", images), ("video_data", videos)):
+                    if any(x is not None for x in per):
+                        kw[key] = per if i is None else per[i]
+                return kw
 
-        calls = []
-        for i, prompt in enumerate(prompts):
-            for sp, rid in zip(_split_samples(params[i]), ids[rids[i]]):
-                calls.append({prompt_key: prompt, "sampling_params": sp,
-                              "return_logprob": lps[i], "logprob_start_len": starts[i],
-                              "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
-                              "rid": rid})
-        streams = await self._start_streams(calls)
+            if not req.stream:
+                def pick(values: list[Any]) -> Any:  # per prompt for a batch, the one value otherwise
+                    return values if batched else values[0]
+
+                with self.inflight.track(ids):
+                    out = await self._generate(
+                        request, **{prompt_key: source}, sampling_params=pick(params), return_logprob=pick(lps),
+                        logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
+                        return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
+                        **media_kw(None if batched else 0))
+                return _json_response(out)
+
+            calls = []
+            for i, prompt in enumerate(prompts):
+                for sp, rid in zip(_split_samples(params[i]), ids[rids[i]]):
+                    calls.append({prompt_key: prompt, "sampling_params": sp,
+                                  "return_logprob": lps[i], "logprob_start_len": starts[i],
+                                  "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
+                                  "rid": rid, **media_kw(i)})
+            streams = await self._start_streams(calls)  # the engine has read the media here
         indexed = batched or len(calls) > 1
         return EventStream(self._native_events(streams, ids, indexed))  # type: ignore[return-value]
 
@@ -535,8 +667,10 @@ class _Server:
             "context_length": e.context_length,
             "preferred_sampling_params": None,
             "weight_version": "default",
-            "has_image_understanding": False,
+            "has_image_understanding": e.image_token is not None,
             "has_audio_understanding": False,
+            "image_token": e.image_token,
+            "video_token": e.video_token,
             "chat_template": e.tokenizer.chat_template,
         })
 
@@ -554,6 +688,9 @@ class _Server:
             "uptime_s": time.time() - self.started,
             "internal_states": [stats],
             "version": __version__,
+            "has_image_understanding": e.image_token is not None,
+            "image_token": e.image_token,
+            "video_token": e.video_token,
         })
 
     async def flush_cache(self, request: Request) -> Response:
@@ -600,8 +737,10 @@ class _Server:
 
     def _model_card(self) -> dict[str, Any]:
         e = self.engine
+        modalities = ["text"] + ["image"] * (e.image_token is not None) + ["video"] * (e.video_token is not None)
         return {"id": e.model_name, "object": "model", "created": int(self.started), "owned_by": "sgnb",
-                "root": e.config.model_path, "max_model_len": e.context_length}
+                "root": e.config.model_path, "max_model_len": e.context_length, "input_modalities": modalities,
+                "has_image_understanding": e.image_token is not None}
 
     async def completions(self, request: Request) -> Response:
         req: CompletionRequest = _validate(CompletionRequest, await _json_body(request))
@@ -672,7 +811,13 @@ class _Server:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         sp_extra = _response_format(req.response_format or {})
 
-        text = self._render_chat(req.messages)
+        with _Media(self.engine) as media:
+            return await self._chat(request, req, sp_extra, media)
+
+    async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
+                    media: _Media) -> Response:
+        text, images, videos = self._render_chat(req.messages, media)
+        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
         input_ids = self.engine.tokenizer.encode(text)
         limit = min(self.engine.context_length, self.kv_total)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -685,7 +830,8 @@ class _Server:
 
         if not req.stream:
             with self.inflight.track(ids):
-                outs = await self._generate(request, input_ids=input_ids, sampling_params=sp, rid=base, **lp_kw)
+                outs = await self._generate(request, input_ids=input_ids, sampling_params=sp, rid=base, **lp_kw,
+                                            **mm)
             outs = outs if isinstance(outs, list) else [outs]
             _raise_failed(outs)
             choices = [{"index": k, "message": {"role": "assistant", "content": out["text"]},
@@ -694,7 +840,7 @@ class _Server:
             return _json_response({**meta, "object": "chat.completion", "choices": choices,
                                    "usage": _usage(outs, req.n)})
 
-        calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw}
+        calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
                  for s, r in zip(_split_samples(sp), ids[base])]
         streams = await self._start_streams(calls)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -734,8 +880,11 @@ class _Server:
                 yield _sse({"error": {"message": err.message, "type": err.type, "code": err.status}})
             yield _SSE_DONE
 
-    def _render_chat(self, messages: list[dict[str, Any]]) -> str:
-        rendered = []
+    def _render_chat(self, messages: list[dict[str, Any]], media: _Media) -> tuple[str, list[Any], list[Any]]:
+        """The prompt text (the chat template over the messages) and its images and videos in order. A content
+        list's text parts are joined by newlines; an image_url (video_url) part becomes the model's image (video)
+        token in its place, with nothing around it, so text + image + text reads back as it was split."""
+        rendered, images, videos = [], [], []
         for i, m in enumerate(messages):
             role = m.get("role")
             if role not in ("system", "developer", "user", "assistant", "tool"):
@@ -743,14 +892,20 @@ class _Server:
                                     f"got {role!r}", param="messages")
             content = m.get("content")
             if isinstance(content, list):
-                parts = []
-                for part in content:
+                pieces, after_text = [], False
+                for j, part in enumerate(content):
                     kind = part.get("type") if isinstance(part, dict) else None
-                    if kind != "text":
-                        raise APIError(400, f"not supported yet: messages[{i}] content of type {kind!r} "
-                                            "(only text)", param="messages")
-                    parts.append(str(part.get("text", "")))
-                content = "\n".join(parts)
+                    where = f"messages[{i}].content[{j}]"
+                    if kind == "text":
+                        pieces += ["\n", str(part.get("text", ""))] if after_text else [str(part.get("text", ""))]
+                        after_text = True
+                    elif kind in ("image_url", "video_url"):
+                        pieces.append(self._media_part(part, kind, where, media, images, videos))
+                        after_text = False
+                    else:
+                        raise APIError(400, f"not supported yet: {where} of type {kind!r} (text, image_url, "
+                                            "video_url)", param="messages")
+                content = "".join(pieces)
             elif content is None:
                 content = ""
             elif not isinstance(content, str):
@@ -760,9 +915,27 @@ class _Server:
                 msg["name"] = m["name"]
             rendered.append(msg)
         try:
-            return self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True)
+            return self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True), images, videos
         except Exception as e:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
+
+    @staticmethod
+    def _media_part(part: dict[str, Any], kind: str, where: str, media: _Media, images: list[Any],
+                    videos: list[Any]) -> str:
+        """An image_url / video_url content part -> the model's token for it; the item joins images / videos."""
+        spec = part.get(kind)
+        if isinstance(spec, str):  # some clients send the URL alone
+            spec = {"url": spec}
+        if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+            raise APIError(400, f'{where}.{kind} must be {{"url": "data:..."}}', param="messages")
+        if kind == "image_url":
+            token = media.check_model("image", "messages")
+            images.append(media.item(spec["url"], "image", f"{where}.image_url.url"))
+        else:
+            token = media.check_model("video", "messages")
+            item = {"url": spec["url"], **({"num_frames": spec["num_frames"]} if "num_frames" in spec else {})}
+            videos.append(media.item(item, "video", f"{where}.video_url"))
+        return token
 
 
 # ---- OpenAI request and response pieces ------------------------------------------------------------------------

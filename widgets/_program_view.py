@@ -8,9 +8,7 @@ the finished program with no kernel. The trait layout is documented in `program_
 
 from __future__ import annotations
 
-import base64
 import functools
-import io
 import math
 import re
 import threading
@@ -23,6 +21,7 @@ import anywidget
 import traitlets
 
 from sgnb.widgets._esm import bundle
+from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
 from sgnb.widgets._ticker import Ticker
 
 Event = dict[str, Any]
@@ -32,7 +31,6 @@ _TEMPLATE_MARK = re.compile(r"<\|[^|>]{1,40}\|>|<s>|</s>|\[/?INST\]|<<SYS>>")
 _META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
               "decode_steps", "forced_tokens")
 MAX_TOKENS_SHOWN = 2000  # per gen; the token list is only kept for constrained / jump-forward gens
-THUMB_PX = 72
 
 
 class _Program:
@@ -72,24 +70,6 @@ def softmax(logprobs: list[float | None] | None) -> list[float | None]:
     exps = [math.exp(v - top) if v is not None else 0.0 for v in vals]
     total = sum(exps)
     return [round(e / total, 4) if v is not None else None for e, v in zip(exps, vals)]
-
-
-def thumbnail(path: str, px: int = THUMB_PX) -> str:
-    """A tiny JPEG data URL of an image file (pillow), or "" when the path is not a readable image."""
-    try:
-        p = Path(path)
-        if not p.is_file():
-            return ""
-        from PIL import Image
-
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            im.thumbnail((px, px))
-            buf = io.BytesIO()
-            im.save(buf, format="JPEG", quality=70)
-    except Exception:  # not an image pillow reads (a video, a URL, base64 text): the view shows its name
-        return ""
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 class _hybridmethod:
@@ -296,9 +276,16 @@ class ProgramView(anywidget.AnyWidget):
         p.segments.append({"k": "role_end", "role": e.get("role")})
 
     def _media(self, p: _Program, e: Event) -> None:
-        path = str(e.get("path", ""))
-        p.segments.append({"k": e["type"], "path": path, "name": Path(path).name[:80] if path else "",
-                           "thumb": thumbnail(path), "num_frames": e.get("num_frames")})
+        # the event's own thumbnail / frames (any input form) when it has them, else what a readable path gives
+        path = str(e.get("path") or "")
+        thumb = small_image(e.get("thumbnail"), THUMB_PX) or small_image(path, THUMB_PX)
+        given = list(e.get("frames") or [])
+        if len(given) > MAX_FRAMES:  # evenly spread, first and last kept
+            given = [given[round(i * (len(given) - 1) / (MAX_FRAMES - 1))] for i in range(MAX_FRAMES)]
+        frames = [f for f in (small_image(x, FRAME_PX) for x in given) if f]
+        name = Path(path).name[:80] if path and not path.startswith("data:") else ""
+        p.segments.append({"k": e["type"], "path": path[:200], "name": name, "thumb": thumb, "frames": frames,
+                           "num_frames": e.get("num_frames")})
 
     def _fork(self, p: _Program, e: Event) -> None:
         children = [str(c) for c in e.get("children") or []]

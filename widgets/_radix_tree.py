@@ -27,6 +27,7 @@ import anywidget
 import traitlets
 
 from sgnb.widgets._esm import bundle
+from sgnb.widgets._media import CHIP_PX, key_label
 from sgnb.widgets._ticker import Ticker
 
 Event = dict[str, Any]
@@ -34,8 +35,8 @@ MAX_RIDS = 32  # request ids kept per node (the most recent)
 
 
 class _Node:
-    __slots__ = ("id", "parent", "children", "tokens", "hits", "locked", "text", "born", "hit_t", "evicted_t",
-                 "rids", "nrids")
+    __slots__ = ("id", "parent", "children", "tokens", "hits", "locked", "text", "media", "born", "hit_t",
+                 "evicted_t", "rids", "nrids")
 
     def __init__(self, node_id: int, parent: int | None, tokens: int, born: float) -> None:
         self.id, self.parent, self.tokens, self.born = node_id, parent, tokens, born
@@ -43,6 +44,7 @@ class _Node:
         self.hits = 0
         self.locked = False
         self.text: str | None = None  # decoded label, None until needed (and again after a split)
+        self.media: list[dict[str, Any]] = []  # the images / videos in its key, found with the label
         self.hit_t = 0.0
         self.evicted_t: float | None = None
         self.rids: deque[str] = deque(maxlen=MAX_RIDS)
@@ -139,7 +141,8 @@ class RadixTreeView(anywidget.AnyWidget):
                 n = _Node(r["id"], r["parent"], r["tokens"], 0.0)  # already cached: not "new"
                 prev = old.get(n.id)
                 if prev is not None:
-                    n.text, n.born, n.hit_t, n.rids, n.nrids = prev.text, prev.born, prev.hit_t, prev.rids, prev.nrids
+                    n.text, n.media, n.born = prev.text, prev.media, prev.born
+                    n.hit_t, n.rids, n.nrids = prev.hit_t, prev.rids, prev.nrids
                 n.hits, n.locked = r["hit_count"], r["lock_ref"] > 0
                 self._nodes[n.id] = n
                 if n.parent is None:
@@ -290,19 +293,19 @@ class RadixTreeView(anywidget.AnyWidget):
 
     def _label(self, n: _Node) -> str:
         if n.text is None:
-            n.text = self._decode(n.id, self.label_tokens) if n.parent is not None else ""
+            n.text, n.media = self._decode(n.id, self.label_tokens) if n.parent is not None else ("", [])
         return n.text
 
-    def _decode(self, node_id: int, limit: int) -> str:
+    def _decode(self, node_id: int, limit: int, px: int | None = CHIP_PX) -> tuple[str, list[dict[str, Any]]]:
+        """The node's label (`limit` tokens, an image counting as one) and its media (thumbnails `px`)."""
         tree = getattr(self.engine, "tree", None)
         live = tree.nodes.get(node_id) if tree is not None else None  # a dict read: no tree lock needed
         if live is None:
-            return ""
-        key = live.key[:limit]
+            return "", []
         try:
-            return self.engine.tokenizer.decode(key, False)
+            return key_label(self.engine, live.key, limit, px)
         except Exception:
-            return ""
+            return "", []
 
     def _sync(self) -> None:
         rows, summary = self.layout()
@@ -369,6 +372,8 @@ class RadixTreeView(anywidget.AnyWidget):
             kids = [c for c in n.children if c in count]
             row = {"id": i, "parent": n.parent, "text": self._label(n), "tokens": n.tokens, "hits": n.hits,
                    "locked": n.locked, "state": states[i], "rids": n.nrids, "kids": len(kids)}
+            if n.media:
+                row["media"] = n.media
             if i in collapsed:
                 row["collapsed"] = True
                 row["hidden"] = count[i] - 1
@@ -395,7 +400,8 @@ class RadixTreeView(anywidget.AnyWidget):
         n = self._nodes.get(node_id) if isinstance(node_id, int) else None
         if n is None:
             return {}
-        text = self._decode(n.id, 4096) or self._label(n)
+        text, media = self._decode(n.id, 4096, px=None)  # the engine's own thumbnails: only one node's
+        text = text or self._label(n)
         path, p = [], self._nodes.get(n.parent) if n.parent is not None else None
         while p is not None and p.parent is not None:
             path.append(self._label(p))
@@ -403,7 +409,7 @@ class RadixTreeView(anywidget.AnyWidget):
         prefix = "".join(reversed(path))
         return {"id": n.id, "text": text[:8000], "prefix": prefix[-2000:], "prefix_truncated": len(prefix) > 2000,
                 "tokens": n.tokens, "hits": n.hits, "locked": n.locked, "state": self._state(n),
-                "rids": list(n.rids)[::-1], "n_rids": n.nrids,
+                "rids": list(n.rids)[::-1], "n_rids": n.nrids, "media": media or n.media,
                 "depth_tokens": sum(self._nodes[q].tokens for q in self._ancestors(n.id))}
 
     def _ancestors(self, node_id: int) -> list[int]:

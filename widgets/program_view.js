@@ -17,7 +17,8 @@
  *                 or jump-forward gens), ttft: seconds to the first text | null, elapsed: seconds | null }
  *   select:     { var, text (the choice), choices: [{ text, logprob, p (softmax probability), chosen }] }
  *   role_begin / role_end: { role }
- *   image / video: { path, name, thumb: "data:image/jpeg;base64,..." | "", num_frames }
+ *   image / video: { path, name, thumb: "data:image/jpeg;base64,..." | "" (<= 72 px), frames: data URLs
+ *                 (a video's sampled frames, <= 48 px, at most 16; [] when the event had none), num_frames }
  *   fork:       { children: id[] }   (the children are drawn side by side here)
  *   error:      { message, where }
  */
@@ -60,6 +61,10 @@ const PV_CSS = `
 .sgnb-pv-fork { display: flex; gap: 6px; align-items: flex-start; margin: 4px 0; white-space: normal; }
 .sgnb-pv-fork > .sgnb-pv-prog { flex: 1 1 0; }
 .sgnb-pv-img { height: 48px; vertical-align: middle; border-radius: 3px; border: 1px solid #ccc; margin: 0 2px; }
+.sgnb-pv-strip { display: inline-flex; align-items: center; gap: 1px; vertical-align: middle; margin: 0 2px;
+  padding: 3px 4px; border-radius: 3px; background: #1f2328; }
+.sgnb-pv-frame { height: 36px; display: block; }
+.sgnb-pv-strip-n { font: 10px var(--jp-ui-font-family, sans-serif); color: #e6e6e6; margin-left: 4px; white-space: nowrap; }
 .sgnb-pv-media { font: 11px var(--jp-ui-font-family, sans-serif); border: 1px solid #ccc; border-radius: 3px; padding: 1px 4px; }
 .sgnb-pv-error { display: block; color: #a4161a; background: #fde7e9; border-radius: 4px; padding: 3px 6px; margin: 3px 0; }
 .sgnb-pv-gens { border-collapse: collapse; margin: 2px 8px 6px; font-size: 11px; }
@@ -145,16 +150,33 @@ function drawSelect(seg, parent) {
   }
 }
 
+/** A data: URL of an image, or "" (thumbnails come from Python; anything else is not shown). */
+function imageUrl(x) {
+  return typeof x === "string" && x.startsWith("data:image/") ? x : "";
+}
+
 function drawMedia(seg, parent) {
-  if (seg.thumb) {
+  const frames = (Array.isArray(seg.frames) ? seg.frames : []).map(imageUrl).filter(Boolean);
+  const what = `${seg.k}${seg.name ? " " + seg.name : ""}${seg.num_frames ? ` (${seg.num_frames} frames)` : ""}`;
+  if (seg.k === "video" && frames.length) {
+    const strip = el("span", "sgnb-pv-strip", parent);
+    strip.title = what;
+    for (const url of frames) {
+      const img = el("img", "sgnb-pv-frame", strip);
+      img.src = url;
+      img.alt = "";
+    }
+    const n = seg.num_frames ?? frames.length;
+    el("span", "sgnb-pv-strip-n", strip, `${n} frame${n === 1 ? "" : "s"}`);
+  } else if (imageUrl(seg.thumb)) {
     const img = el("img", "sgnb-pv-img", parent);
-    img.src = seg.thumb;
+    img.src = imageUrl(seg.thumb);
     img.alt = seg.name || seg.k;
-    img.title = seg.path;
+    img.title = what;
   } else {
-    const icon = seg.k === "video" ? "🎞" : "🖼";
-    const frames = seg.num_frames ? ` (${seg.num_frames} frames)` : "";
-    el("span", "sgnb-pv-media", parent, `${icon} ${seg.name || seg.path}${frames}`).title = seg.path;
+    const icon = seg.k === "video" ? "[video]" : "[image]";  // text, not emoji: renders without emoji fonts
+    const n = seg.num_frames ? ` (${seg.num_frames} frames)` : "";
+    el("span", "sgnb-pv-media", parent, `${icon} ${seg.name || seg.path || seg.k}${n}`).title = seg.path;
   }
 }
 

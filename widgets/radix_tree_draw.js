@@ -20,16 +20,22 @@
  *   details: {...} | {},    the selected node as told by Python (see below); ignored when its id differs
  * }
  *
- * A node row:  { id: int, parent: int | null, text: string (its tokens decoded, maybe cut: drawn shortened),
+ * A node row:  { id: int, parent: int | null, text: string (its tokens decoded, maybe cut: drawn shortened;
+ *                an image's or video's tokens read "[image]" / "[video]", once each),
  *                tokens: int, hits: int, locked: bool (in use by a running request),
  *                state: "" | "new" | "hit" | "evicted", rids: int (requests known to share it),
- *                kids: int (children in the tree), collapsed?: true, hidden?: int (descendants folded) }
+ *                kids: int (children in the tree), collapsed?: true, hidden?: int (descendants folded),
+ *                media?: Media[] (the images / videos in its tokens, in order: drawn as thumbnail chips
+ *                before the label, at most two and a "+N") }
+ * Media:       { kind: "image" | "video", hash: string (short content hash), tokens: int (its tokens in this
+ *                node), thumbnail: "data:image/...;base64,..." | "" | null }
  * A group row: { id: "g<parent id>", parent: int, group: true, children: int (hidden children of parent),
  *                count: int (nodes in their subtrees), tokens: int, new: int, hit: int, evicted: int,
  *                state: the most notable state inside ("new" > "hit" > "evicted" > "") }
  * details:     { id, text (the node's full text), prefix (text of the path above it; its start is cut when
  *                prefix_truncated), prefix_truncated: bool, tokens, hits, locked, state,
- *                rids: string[] (newest first, at most 32), n_rids: int, depth_tokens: int (tokens root..node) }
+ *                rids: string[] (newest first, at most 32), n_rids: int, depth_tokens: int (tokens root..node),
+ *                media?: Media[] (larger thumbnails, shown in the details box) }
  *
  * callbacks = {             all optional
  *   select(id | null),      a node was clicked (null: clicked again, the selection is cleared)
@@ -66,6 +72,9 @@ const OUTLINE_MIN_BOX_W = 120; // narrower boxes than this scroll sideways inste
 const INDENT_MIN = 8;
 const INDENT_MAX = 22;
 const CHAR_W = 6.4; // average width of an 11px label character, for cutting labels to a box
+const CHIP = 28; // a media chip: a square thumbnail at the box's left
+const CHIP_GAP = 3;
+const MAX_CHIPS = 2; // more media in one node: a "+N" chip after these
 
 const TREE_CSS = `
 .sgnb-rt { font: 12px var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
@@ -94,6 +103,10 @@ const TREE_CSS = `
 .sgnb-rt-node.selected rect.box { stroke: #9a32cd; stroke-width: 3; }
 .sgnb-rt.following .sgnb-rt-node.newest rect.box { stroke-dasharray: 5 2; stroke-width: 2.2; }
 .sgnb-rt-node .fold { fill: #fff; stroke: #8a9099; }
+.sgnb-rt-chip rect { fill: #e4e7eb; stroke: #57606a; stroke-width: 1; rx: 3; ry: 3; }
+.sgnb-rt-chip.video rect { fill: #1f2328; stroke: #1f2328; }
+.sgnb-rt-node .sgnb-rt-chip text { font-size: 9px; fill: #57606a; }
+.sgnb-rt-node .sgnb-rt-chip.video text { fill: #fff; }
 .sgnb-rt-node text.foldmark { font-size: 11px; font-weight: 700; }
 @keyframes sgnb-rt-fade { from { opacity: 1; } to { opacity: 0.3; } }
 .sgnb-rt-details { margin-top: 6px; padding: 6px 8px; border: 1px solid var(--jp-border-color2, #ddd);
@@ -103,6 +116,10 @@ const TREE_CSS = `
   overflow: auto; font: 12px var(--jp-code-font-family, monospace); }
 .sgnb-rt-details .prefix { color: var(--jp-ui-font-color2, #777); }
 .sgnb-rt-details .own { background: #fff3b0; color: #1f2328; }
+.sgnb-rt-media { display: flex; flex-wrap: wrap; gap: 8px; margin: 4px 0; }
+.sgnb-rt-media figure { margin: 0; font-size: 10.5px; color: var(--jp-ui-font-color2, #666); }
+.sgnb-rt-media img { display: block; max-height: 96px; max-width: 160px; border-radius: 3px;
+  border: 1px solid var(--jp-border-color2, #ccc); }
 .sgnb-rt-empty { padding: 12px; color: var(--jp-ui-font-color2, #777); }
 `;
 
@@ -375,6 +392,7 @@ function nodeElements(view, id) {
   const g = svgEl("g", { class: "sgnb-rt-node" }, view.layer);
   const title = svgEl("title", {}, g);
   const rect = svgEl("rect", { class: "box", width: BOX_W, height: BOX_H }, g);
+  const chips = svgEl("g", { class: "chips" }, g);
   const t1 = svgEl("text", { x: 7, y: 15 }, g);
   const t2 = svgEl("text", { class: "sub", x: 7, y: 29 }, g);
   const lock = svgEl("g", { class: "lock" }, g);
@@ -383,7 +401,7 @@ function nodeElements(view, id) {
   const fold = svgEl("g", {}, g);
   svgEl("circle", { class: "fold", r: 7 }, fold);
   const foldMark = svgEl("text", { class: "foldmark", x: -3.5, y: 4 }, fold);
-  e = { g, title, rect, t1, t2, lock, fold, foldMark, id, geom: "" };
+  e = { g, title, rect, chips, t1, t2, lock, fold, foldMark, id, geom: "", mediaSig: "", chipsW: 0 };
   g.addEventListener("click", (ev) => {
     ev.stopPropagation();
     if (e.isGroup) onGroup(view, e.parent);
@@ -407,6 +425,46 @@ function setGeometry(e, w, outline) {
   e.lock.setAttribute("transform", `translate(${w - 16},5)`);
   const fold = outline ? `translate(${w - 10},${BOX_H - 10})` : `translate(${w + 1},${BOX_H / 2})`;
   e.fold.setAttribute("transform", fold);
+}
+
+/** A thumbnail's URL if it is a data: URL of an image, else "" (nothing else is drawn). */
+function mediaUrl(x) {
+  return typeof x === "string" && x.startsWith("data:image/") ? x : "";
+}
+
+function mediaLabel(m) {
+  return `${m.kind === "video" ? "video" : "image"}${m.hash ? " " + m.hash : ""} · ${m.tokens ?? "?"} tok`;
+}
+
+/** A node's media chips at the box's left (rebuilt only when its media change): a thumbnail each (a label
+ * when there is none), at most MAX_CHIPS, then "+N". Returns the x where the label starts. */
+function drawChips(e, media) {
+  const sig = media.map((m) => `${m.kind}:${m.hash}:${m.tokens}:${mediaUrl(m.thumbnail).length}`).join(",");
+  if (e.mediaSig === sig) return e.chipsW || 7;
+  e.mediaSig = sig;
+  e.chips.replaceChildren();
+  let x = 4;
+  for (const m of media.slice(0, MAX_CHIPS)) {
+    const video = m.kind === "video";
+    const chip = svgEl("g", { class: `sgnb-rt-chip ${video ? "video" : "image"}`, transform: `translate(${x},4)` },
+      e.chips);
+    svgEl("rect", { width: CHIP, height: CHIP }, chip);
+    const url = mediaUrl(m.thumbnail);
+    if (url) {
+      const img = svgEl("image", { x: video ? 3 : 1, y: 1, width: CHIP - (video ? 6 : 2), height: CHIP - 2,
+        preserveAspectRatio: "xMidYMid meet" }, chip);
+      img.setAttribute("href", url);
+    } else {
+      svgEl("text", { x: 4, y: 17 }, chip).textContent = video ? "vid" : "img";
+    }
+    x += CHIP + CHIP_GAP;
+  }
+  if (media.length > MAX_CHIPS) {
+    svgEl("text", { class: "sub", x, y: 22 }, e.chips).textContent = `+${media.length - MAX_CHIPS}`;
+    x += 18;
+  }
+  e.chipsW = media.length ? x + 2 : 7;
+  return e.chipsW;
 }
 
 /** The sub line: "12 tok · 3 hits · 2 reqs" when it fits in `chars` characters, else "12t 3h 2r" (cut). */
@@ -478,10 +536,18 @@ function renderTree(view) {
     if (row.parent === null || row.parent === undefined) cls.push("root");
     if (selected !== null && row.id === selected) cls.push("selected");
     if (newest !== null && row.id === newest.id) cls.push("newest");
+    const media = !row.group && Array.isArray(row.media) ? row.media : [];
+    if (media.length) cls.push("media");
     const clsText = cls.join(" ");
     if (e.g.getAttribute("class") !== clsText) e.g.setAttribute("class", clsText);
-    // characters that fit: the box less its padding, the padlock and (in the outline) the fold button
-    const room = outline ? Math.floor((w - 14 - 18) / CHAR_W) : LABEL_CHARS;
+    // characters that fit: the box less its padding, the chips, the padlock and (in the outline) the fold button
+    const textX = drawChips(e, media);
+    if (e.t1.getAttribute("x") !== String(textX)) {
+      e.t1.setAttribute("x", String(textX));
+      e.t2.setAttribute("x", String(textX));
+    }
+    const chipChars = Math.ceil((textX - 7) / CHAR_W);
+    const room = (outline ? Math.floor((w - 14 - 18) / CHAR_W) : LABEL_CHARS) - chipChars;
     if (row.group) {
       e.t1.textContent = shortText(`+${plural(row.count, "node")}`, room + 4);
       e.t2.textContent = shortText(`${row.tokens} tok in ${plural(row.children, "branch")}`, room + 4);
@@ -490,10 +556,11 @@ function renderTree(view) {
       e.fold.style.display = "none";
     } else {
       const isRoot = row.parent === null || row.parent === undefined;
-      e.t1.textContent = isRoot ? "root" : shortText(row.text, outline ? room : LABEL_CHARS);
-      const sub = subLine(row, !!row.collapsed || collapsed.has(row.id), outline ? room : 99);
+      e.t1.textContent = isRoot ? "root" : shortText(row.text, room);
+      const sub = subLine(row, !!row.collapsed || collapsed.has(row.id), outline || media.length ? room : 99);
       e.t2.textContent = sub.text;
-      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")})`;
+      const held = media.map((m) => `\n${mediaLabel(m)}`).join("");
+      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")})${held}`;
       e.lock.style.display = row.locked ? "" : "none";
       const foldable = (row.kids || 0) > 0 || collapsed.has(row.id);
       e.fold.style.display = foldable ? "" : "none";
@@ -559,6 +626,20 @@ function renderDetails(view, rows, selected, details) {
   const st = d ? d.state : row.state;
   if (st) head.push(st);
   htmlEl("div", null, box, head.join(" · ")).style.fontWeight = "600";
+  const media = d && Array.isArray(d.media) && d.media.length ? d.media : (row && Array.isArray(row.media) ? row.media : []);
+  if (media.length) {
+    const strip = htmlEl("div", "sgnb-rt-media", box);
+    for (const m of media) {
+      const fig = htmlEl("figure", null, strip);
+      const url = mediaUrl(m.thumbnail);
+      if (url) {
+        const img = htmlEl("img", null, fig);
+        img.src = url;
+        img.alt = m.kind === "video" ? "video" : "image";
+      }
+      htmlEl("figcaption", null, fig, mediaLabel(m));
+    }
+  }
   const pre = htmlEl("pre", null, box);
   if (d && d.prefix) htmlEl("span", "prefix", pre, (d.prefix_truncated ? "…" : "") + d.prefix);
   else if (!d && row) htmlEl("span", "prefix", pre, pathText(rows, row));

@@ -25,5 +25,15 @@ export interface ITreeRow {
   parent: number | null;
   group?: boolean;
   state?: string;
+  /** The images / videos in the node's tokens (drawn as thumbnail chips; its text reads "[image]" there). */
+  media?: IMedia[];
   [key: string]: unknown;
+}
+
+/** An image or video in a node: `tokens` of its pad tokens lie in this node; a small JPEG thumbnail. */
+export interface IMedia {
+  kind: 'image' | 'video';
+  hash: string;
+  tokens: number;
+  thumbnail: string;
 }

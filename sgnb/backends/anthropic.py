@@ -5,6 +5,11 @@
 The program's system messages become `system=`; user/assistant messages go as they are. A gen inside an
 assistant role that already has text continues it (the partial turn is sent as the final assistant message,
 which the Messages API treats as a prefill). There are no token logprobs, so `select` is not available.
+
+Images: image() writes IMAGE_MARKER ("<image>") into the text; each message's content is sent as content blocks
+split on it: text blocks and image blocks (`{"type": "image", "source": {"type": "base64", "media_type",
+"data"}}`, local files read and encoded here; an http(s) URL as a `url` source). The Messages API takes JPEG,
+PNG, GIF and WebP (other images are sent as PNG) and no videos: video() fails at its line.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import PLAIN, ChatTemplate
+from sgnb.media import IMAGE_MARKER, Media, data_url, is_url, split_data_url, with_media_parts
 from sgnb.sampling import GenParams
 
 _DEFAULT_MAX_TOKENS = 1024
@@ -33,6 +39,8 @@ class Anthropic(Backend):
     (base_url, timeout, max_retries, ...)."""
 
     is_chat_model = True
+    image_token = IMAGE_MARKER
+    fetches_urls = True
 
     def __init__(self, model: str, api_key: str | None = None, chat_template: ChatTemplate | None = None,
                  **client_kwargs: Any) -> None:
@@ -76,8 +84,6 @@ class Anthropic(Backend):
 
     def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
         """messages.create() arguments: system text apart, the rest as alternating user/assistant turns."""
-        if ctx.images:
-            raise BackendError("images are not supported on the Anthropic backend yet")
         if ctx.in_role not in (None, "assistant"):
             raise BackendError(f"a chat model writes assistant turns only, but this gen is inside {ctx.in_role!r}: "
                                "put it inside assistant(...)")
@@ -89,6 +95,13 @@ class Anthropic(Backend):
                 raise BackendError(f"{name} is not available on the Anthropic API")
         system = [m["content"] for m in ctx.messages if m["role"] == "system"]
         messages = [{"role": m["role"], "content": m["content"]} for m in ctx.messages if m["role"] != "system"]
+        if ctx.images:
+            if any(IMAGE_MARKER in s for s in system):
+                raise BackendError("the Messages API takes images in user turns, not in the system prompt")
+            try:
+                messages = with_media_parts(messages, ctx.images, _image_block)
+            except ValueError as e:
+                raise BackendError(str(e)) from None
         if messages and messages[-1]["role"] == "assistant":
             # an open assistant turn: empty -> the reply is the turn; with text -> a prefill to continue, which
             # the API refuses with trailing whitespace
@@ -135,6 +148,13 @@ class Anthropic(Backend):
                choices_method: str) -> ChoiceDecision:
         raise BackendError("select needs token logprobs of given text, which the Anthropic API does not return; "
                            "use gen with a regex on a local or SGLang backend, or a completion model")
+
+
+def _image_block(media: Media) -> dict[str, Any]:
+    if is_url(media.data):
+        return {"type": "image", "source": {"type": "url", "url": str(media.data).strip()}}
+    media_type, payload = split_data_url(data_url(media))
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": payload}}
 
 
 def _text(msg: Any) -> str:

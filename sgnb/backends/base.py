@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgnb.chat_template import PLAIN, ChatTemplate
+from sgnb.media import Media, is_url
 from sgnb.sampling import GenParams
 
 
@@ -21,7 +22,9 @@ class GenContext:
     text: str
     messages: list[dict[str, Any]]
     rid: str
-    images: list[Any] = field(default_factory=list)
+    # the program's images and videos in order; `text` (and the messages) hold the backend's image (video) token
+    # where each one is
+    images: list[Media] = field(default_factory=list)
     # per-program scratch space for backends (e.g. speculative API execution keeps its lookahead here)
     program: dict[str, Any] = field(default_factory=dict)
     num_api_spec_tokens: int | None = None
@@ -42,6 +45,10 @@ class Backend:
     """Base class. Subclasses implement generate and select; the rest have sensible defaults."""
 
     is_chat_model: bool = False
+    # the text that stands for an image (a video) in this backend's prompts; None: it takes none
+    image_token: str | None = None
+    video_token: str | None = None
+    fetches_urls: bool = False  # whether an http(s) image URL can be given (the far side fetches it)
 
     def get_model_name(self) -> str:
         raise NotImplementedError
@@ -49,8 +56,22 @@ class Backend:
     def get_chat_template(self) -> ChatTemplate:
         return PLAIN
 
-    def cache_prefix(self, prefix: str) -> None:
-        """Frontend hint: `prefix` is about to be shared by several requests; compute its KV once now."""
+    def media_token(self, media: Media) -> str:
+        """The token text an image()/video() appends; raises BackendError (at the program's image()/video()
+        line) when this backend cannot take `media`."""
+        token = self.image_token if media.kind == "image" else self.video_token
+        if token is None:
+            hint = "a LLaVA-family checkpoint" if media.kind == "image" else "a LLaVA-NeXT-Video checkpoint"
+            raise BackendError(f"{self.get_model_name()} ({type(self).__name__} backend) takes no {media.kind}s: "
+                               f"use a model that does ({hint})")
+        if is_url(media.data) and not self.fetches_urls:
+            raise BackendError(f"{type(self).__name__} does not fetch URLs ({str(media.data)[:80]!r}): download "
+                               f"the {media.kind} and pass its path")
+        return token
+
+    def cache_prefix(self, prefix: str, images: list[Media] | None = None) -> None:
+        """Frontend hint: `prefix` (with `images`, the media its image tokens stand for) is about to be shared by
+        several requests; compute its KV once now."""
 
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError

@@ -5,11 +5,17 @@
 Speaks /generate (one prompt, a batch, or an SSE stream), /get_model_info, /get_server_info, /flush_cache and
 /abort_request, so the same program runs in-process (`Runtime`) or against a remote server unchanged.
 Thread-safe: each calling thread gets its own HTTP session.
+
+Images and videos go with every request of a program that has them (`image_data`, `video_data`, SGLang's
+fields) as data: URLs: local files are read and encoded here, by the client, since the server need not see this
+machine's files (`sgnb serve` reads none); http(s) URLs go as they are, for servers that fetch them. A video
+sampled to other than 8 frames goes as {"url": data URL, "num_frames": n}, which `sgnb serve` understands.
+The image (video) token comes from the server's /get_model_info ("image_token", "video_token"; else "<image>"
+when it says "has_image_understanding").
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -21,6 +27,7 @@ import requests
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
 from sgnb.engine.scoring import check_choices, choose
+from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
 from sgnb.sampling import GenParams
 
 _REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -35,6 +42,8 @@ class RuntimeEndpoint(Backend):
     `chat_template` (a ChatTemplate or a name in sgnb.chat_template.NAMED) overrides the server's.
     """
 
+    fetches_urls = True  # an http(s) image URL goes as it is: the server decides (sgnb serve refuses it: a 400)
+
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
                  chat_template: ChatTemplate | str | None = None, verify: bool | str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -48,6 +57,9 @@ class RuntimeEndpoint(Backend):
             chat_template = NAMED[chat_template]
         self._template_override = chat_template
         self.model_info: dict[str, Any] = self._get("/get_model_info")
+        info = self.model_info
+        self.image_token = info.get("image_token") or (IMAGE_MARKER if info.get("has_image_understanding") else None)
+        self.video_token = info.get("video_token")
 
     # ---- HTTP --------------------------------------------------------------------------------------------
     def _session(self) -> requests.Session:
@@ -125,9 +137,9 @@ class RuntimeEndpoint(Backend):
     def get_chat_template(self) -> ChatTemplate:
         return self._template
 
-    def cache_prefix(self, prefix: str) -> None:
+    def cache_prefix(self, prefix: str, images: list[Media] | None = None) -> None:
         if prefix:
-            self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+            self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}, **_media_fields(images or [])})
 
     def _payload(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
         data: dict[str, Any] = {"text": ctx.text, "sampling_params": params.sampling_dict(), "rid": ctx.rid}
@@ -135,10 +147,7 @@ class RuntimeEndpoint(Backend):
             value = getattr(params, key)
             if value is not None:
                 data[key] = value
-        if ctx.images:
-            images = [_image_data(x) for x in ctx.images]
-            data["image_data"] = images[0] if len(images) == 1 else images
-        return data
+        return {**data, **_media_fields(ctx.images)}
 
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         out = self._generate(self._payload(ctx, params), ctx.rid)
@@ -184,16 +193,18 @@ class RuntimeEndpoint(Backend):
         check_choices(choices, choices_method)
         if not ctx.text:
             raise BackendError("select needs a non-empty prefix to score choices against")
-        images = {"image_data": [_image_data(x) for x in ctx.images][0]} if ctx.images else {}
-        head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **images})
-        prefix_len = int(head["meta_info"]["prompt_tokens"])
+        media = _media_fields(ctx.images)
+        head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **media})
+        prefix_len = int(head["meta_info"]["prompt_tokens"])  # with the image tokens: positions are the server's
+        # a batch takes one image_data (video_data) entry per prompt: every prompt holds the prefix's media
+        per_prompt = {k: [v] * (len(choices) + 1) for k, v in media.items()}
         margin = _SELECT_MARGIN
         while True:
             s = max(prefix_len - margin, 0)
             outs = self._generate({"text": [ctx.text] + [ctx.text + c for c in choices],
                                    "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
                                    "return_logprob": True, "logprob_start_len": s,
-                                   "return_text_in_logprobs": True, **images})
+                                   "return_text_in_logprobs": True, **per_prompt})
             tails = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
             prefix_ids = [e[1] for e in tails[0]]
             start = s + min(_common_len(prefix_ids, [e[1] for e in t]) for t in tails[1:])
@@ -285,18 +296,14 @@ def _raise_if_failed(out: dict[str, Any]) -> None:
         raise BackendError(f"request {meta.get('id')} was aborted: {detail}")
 
 
-def _image_data(image: Any) -> str:
-    """What SGLang's image_data takes: a path, a URL or a base64 data URI."""
-    if isinstance(image, str):
-        return image
-    if hasattr(image, "__fspath__"):
-        return str(image)
-    if isinstance(image, bytes):
-        return "data:image/png;base64," + base64.b64encode(image).decode()
-    if hasattr(image, "save"):  # a PIL image
-        import io
-
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    raise BackendError(f"cannot send a {type(image).__name__} to a server as an image (videos: not yet)")
+def _media_fields(media: list[Media]) -> dict[str, Any]:
+    """image_data / video_data of one prompt: a single item alone (what every SGLang version takes), several
+    as a list, in the order of their tokens."""
+    images = [data_url(m) for m in media if m.kind == "image"]
+    videos = [data_url(m) if m.num_frames in (None, DEFAULT_NUM_FRAMES)
+              else {"url": data_url(m), "num_frames": m.num_frames} for m in media if m.kind == "video"]
+    fields: dict[str, Any] = {}
+    for key, items in (("image_data", images), ("video_data", videos)):
+        if items:
+            fields[key] = items[0] if len(items) == 1 else items
+    return fields

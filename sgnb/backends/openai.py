@@ -6,6 +6,14 @@
 Completion models get the program's text as the prompt and can score `select` choices (echoed prompt
 logprobs). Chat models get the program's messages; they write assistant turns only and cannot score choices.
 
+Images and videos (chat models): image() writes IMAGE_MARKER ("<image>") into the text and each message's
+content is sent as OpenAI content parts, split on the markers: text parts and
+`{"type": "image_url", "image_url": {"url": data URL}}` in order (local files are read and encoded here; an
+http(s) URL goes as it is, for the API to fetch). A video becomes `{"type": "video_url", "video_url": {"url":
+data URL, "num_frames": n}}`: not part of OpenAI's API but an extension that `sgnb serve` (and some other
+OpenAI-compatible servers) understand; OpenAI itself refuses it. Completion models take no images (the
+completions API has no image input): image() fails at its line.
+
 Speculative API execution (`@function(num_api_spec_tokens=N)`, completion models): a gen asks the API once for
 max(N, max_tokens) tokens without its stop strings and keeps the continuation. When the program then appends
 exactly the constant text the model had already written and asks for the next gen, that gen is served from the
@@ -25,6 +33,7 @@ from typing import Any
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
 from sgnb.engine.scoring import check_choices, choose
+from sgnb.media import IMAGE_MARKER, VIDEO_MARKER, Media, data_url, with_media_parts
 from sgnb.sampling import GenParams
 
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
@@ -51,6 +60,8 @@ class OpenAI(Backend):
     client_kwargs go to `openai.OpenAI` (timeout, max_retries, organization, ...). is_chat_model defaults to a
     guess from the model name (see guess_is_chat_model).
     """
+
+    fetches_urls = True  # image URLs go to the API as they are
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
                  is_chat_model: bool | None = None, chat_template: ChatTemplate | str | None = None,
@@ -79,6 +90,20 @@ class OpenAI(Backend):
 
     def get_chat_template(self) -> ChatTemplate:
         return self._template
+
+    @property
+    def image_token(self) -> str | None:  # type: ignore[override]
+        return IMAGE_MARKER if self.is_chat_model else None
+
+    @property
+    def video_token(self) -> str | None:  # type: ignore[override]
+        return VIDEO_MARKER if self.is_chat_model else None
+
+    def media_token(self, media: Media) -> str:
+        if not self.is_chat_model:
+            raise BackendError(f"{self.model} is an OpenAI completion model: the completions API takes no "
+                               f"{media.kind}s; use a chat model (is_chat_model=True)")
+        return super().media_token(media)
 
     def get_server_info(self) -> dict[str, Any]:
         return {"backend": "OpenAI", "model": self.model, "base_url": str(self.client.base_url),
@@ -170,12 +195,15 @@ class OpenAI(Backend):
             messages.pop()  # the open, still empty assistant turn is what the model writes
         if not messages:
             raise BackendError("a chat model needs messages: write system/user roles before the gen")
+        if ctx.images:
+            try:
+                messages = with_media_parts(messages, ctx.images, _content_part)
+            except ValueError as e:
+                raise BackendError(str(e)) from None
         return messages
 
     # ---- generate ----------------------------------------------------------------------------------------
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
-        if ctx.images:
-            raise BackendError("images are not supported on the OpenAI backend yet")
         kwargs = self._kwargs(params)
         if self.is_chat_model:
             with self._api_errors("chat completion"):
@@ -195,8 +223,6 @@ class OpenAI(Backend):
         if ctx.num_api_spec_tokens and not self.is_chat_model:
             yield self.generate(ctx, params)
             return
-        if ctx.images:
-            raise BackendError("images are not supported on the OpenAI backend yet")
         kwargs = self._kwargs(params)
         with self._api_errors("streaming completion"):
             if self.is_chat_model:
@@ -355,6 +381,12 @@ class _Lookahead:
         if first:  # no token bounds and no stop: the whole continuation is the best answer there is
             return text, {"type": "length"}, self.advance(len(text))
         return None
+
+
+def _content_part(media: Media) -> dict[str, Any]:
+    if media.kind == "video":
+        return {"type": "video_url", "video_url": {"url": data_url(media), "num_frames": media.num_frames}}
+    return {"type": "image_url", "image_url": {"url": data_url(media)}}
 
 
 def _meta(resp: Any, choice: Any) -> dict[str, Any]:

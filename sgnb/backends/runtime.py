@@ -8,6 +8,7 @@ from typing import Any
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import ChatTemplate, derive_from_jinja
+from sgnb.media import Media
 from sgnb.sampling import GenParams
 
 
@@ -39,18 +40,24 @@ class Runtime(Backend):
     def get_chat_template(self) -> ChatTemplate:
         return self._template
 
-    def cache_prefix(self, prefix: str) -> None:
+    @property
+    def image_token(self) -> str | None:  # type: ignore[override]
+        return self.engine.image_token
+
+    @property
+    def video_token(self) -> str | None:  # type: ignore[override]
+        return self.engine.video_token
+
+    def cache_prefix(self, prefix: str, images: list[Media] | None = None) -> None:
         if prefix:
-            self.engine.generate(prefix, {"max_new_tokens": 0})
+            self.engine.generate(prefix, {"max_new_tokens": 0}, **_media_kw(images or []))
 
     def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
-        if ctx.images:
-            raise BackendError("this model takes no images (multimodal models arrive with the LLaVA work)")
         return dict(prompt=ctx.text, sampling_params=params.sampling_dict(), rid=ctx.rid,
                     return_logprob=bool(params.return_logprob),
                     logprob_start_len=params.logprob_start_len if params.logprob_start_len is not None else -1,
                     top_logprobs_num=params.top_logprobs_num or 0,
-                    return_text_in_logprobs=bool(params.return_text_in_logprobs))
+                    return_text_in_logprobs=bool(params.return_text_in_logprobs), **_media_kw(ctx.images))
 
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         out = self.engine.generate(**self._request(ctx, params))
@@ -73,7 +80,7 @@ class Runtime(Backend):
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,
                choices_method: str) -> ChoiceDecision:
-        res = self.engine.score(ctx.text, choices, choices_method)
+        res = self.engine.score(ctx.text, choices, choices_method, **_media_kw(ctx.images))
         meta = {k: v for k, v in res.items() if k not in ("index", "choice")}
         meta["choices"] = list(choices)
         return ChoiceDecision(res["choice"], meta)
@@ -89,6 +96,14 @@ class Runtime(Backend):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _media_kw(media: list[Media]) -> dict[str, Any]:
+    """image_data / video_data for the engine: the items as the program gave them (the engine reads paths, PIL
+    images, arrays, bytes and data: URLs itself), in order per kind, as its image (video) tokens are."""
+    images = [m.data for m in media if m.kind == "image"]
+    videos = [(m.data, m.num_frames) for m in media if m.kind == "video"]
+    return {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
 
 
 def _raise_if_aborted(meta: dict[str, Any]) -> None:

@@ -240,6 +240,15 @@ def test_select_over_an_image_prefix(engines):
     assert again["cached_tokens"] > res["cached_tokens"]
 
 
+def test_unconditional_select_right_after_an_image(engines):
+    """unconditional_likelihood_normalized scores each choice after the last shared token alone: when that token
+    is the image, the context is the image."""
+    eng = engines["llava"]
+    res = eng.score("Which is it? <image>", [" a red square", " a blue circle"],
+                    "unconditional_likelihood_normalized", image_data=FX.smooth_image(16, 20, seed=15))
+    assert res["choice"] in (" a red square", " a blue circle") and len(res["unconditional_token_logprobs"]) == 2
+
+
 def test_views_see_the_image_as_one_chip(engines):
     eng = engines["llava"]
     eng.flush_cache()

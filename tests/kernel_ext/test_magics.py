@@ -169,16 +169,16 @@ def test_program_error_points_at_the_cell_line(ip, shared, capsys):
     body = 's += "hello"\ns += image("cat.png")\ns += gen("x", max_tokens=3)\ns += "after"\n'
     with pytest.raises(sgnb.ProgramError, match="takes no images") as info:
         ip.run_cell_magic("sgl", "", body)
-    last = traceback.extract_tb(info.value.__traceback__)[-1]
-    assert last.filename.startswith("<sgl-cell-") and last.lineno == 3
-    assert last.line == 's += gen("x", max_tokens=3)'
+    last = traceback.extract_tb(info.value.__traceback__)[-1]  # the image() line: SmolLM2 takes no images
+    assert last.filename.startswith("<sgl-cell-") and last.lineno == 2
+    assert last.line == 's += image("cat.png")'
     error = ip.user_ns["_sgl"].error()  # the state is kept, and its error names the line too
-    assert f'{last.filename}:3: s += gen("x", max_tokens=3)' in str(error)
+    assert f'{last.filename}:2: s += image("cat.png")' in str(error)
     # what a user sees: IPython's traceback shows the cell's line
     result = ip.run_cell("%%sgl\n" + body)
     assert isinstance(result.error_in_exec, sgnb.ProgramError)
     out = capsys.readouterr().out
-    assert '----> 3 s += gen("x", max_tokens=3)' in out
+    assert '----> 2 s += image("cat.png")' in out
 
 
 def test_stream_without_widget_prints_text(ip, shared, capsys):
@@ -345,3 +345,27 @@ def test_model_with_tensor_parallel_workers(ip, shared, capsys):
     pids = engine.runner.worker_pids
     session.close()
     assert not engine.is_alive and not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_cell_with_images_and_a_fork(ip, shared, capsys):
+    """A %%sgl cell runs on the InterruptibleBackend wrapper: images reach the model through it (the wrapper
+    answers for the backend's image token), and a fork's prefix hint carries them."""
+    import numpy as np
+
+    ip.run_line_magic("sgl", "model dummy:tiny-llava --device cpu --max-total-tokens 2048")
+    session = get_session(ip)
+    engine = session.runtime.engine
+    ip.user_ns["picture"] = np.full((32, 32, 3), 200, np.uint8)
+    ip.run_cell_magic("sgl", "--no-widget --max-tokens 2 -o looked",
+                      's += "USER: " + image(picture) + "\\nWhat is it?"\n'
+                      'two = s.fork(2)\ntwo += gen("x")\ntwo.join()\n')
+    assert len(ip.user_ns["looked"]["x"]) == 2
+    media = [m for n in engine.tree_snapshot()["nodes"] for m in n.get("media", [])]
+    assert [m["kind"] for m in media] == ["image"]  # the prefix (with its image) computed once, then shared
+    ip.run_line_magic("sgl", "tree")  # the text outline labels the image as the views do
+    out = capsys.readouterr().out
+    assert f"'USER: [image]\\nWhat is it?' (image {media[0]['hash']}, {media[0]['tokens']} tok)" in out, out
+    with pytest.raises(sgnb.ProgramError, match="takes no images"):
+        ip.run_cell_magic("sgl", "--no-widget --backend shared_runtime", 's += image(picture) + gen("x")\n')
+    session.close()
+    capsys.readouterr()

@@ -138,6 +138,82 @@ def test_a_big_tree_is_capped_with_groups_and_folds(default_engine):
     assert not any(r["parent"] == top["id"] for r in folded)
 
 
+@pytest.fixture(scope="module")
+def video_engine():
+    """A LLaVA-NeXT-Video of random weights (the answers are noise, the tree is real), as the default backend."""
+    import sgnb
+    from sgnb.engine import Engine
+
+    before = sgnb.get_default_backend()
+    eng = Engine("dummy:tiny-llava-next-video")
+    sgnb.set_default_backend(sgnb.Runtime(engine=eng))
+    yield eng
+    sgnb.set_default_backend(before)
+    eng.shutdown()
+
+
+def _write_video(path: Path) -> Path:
+    """tests/llava_fixtures.py's write_video, imported by path (the suite runs with --import-mode=importlib)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llava_fixtures", ROOT / "tests" / "llava_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get("llava_fixtures") or importlib.util.module_from_spec(spec)
+    if "llava_fixtures" not in sys.modules:
+        sys.modules["llava_fixtures"] = module
+        spec.loader.exec_module(module)
+    return module.write_video(path, frames=12)
+
+
+def test_snapshot_shows_images_and_videos_as_chips(video_engine, tmp_path):
+    """The panel's rows for a tree holding an image and a video: "[image]" / "[video]" once each in the text
+    (the text around them kept), the snapshot's media as chips with small thumbnails, the engine's own
+    thumbnail in the details; the same rows as the RadixTreeView widget's (one drawing code, one data)."""
+    from PIL import Image
+
+    from sgnb.widgets import RadixTreeView
+
+    eng = video_engine
+    eng.flush_cache()
+    panel._Memory._per_engine.pop(eng, None)
+    view = RadixTreeView(eng)
+    img = Image.new("RGB", (64, 48), (220, 120, 30))
+    clip = _write_video(tmp_path / "clip.mp4")
+    for q in ("What is it?", "What colour is it?"):
+        eng.generate(f"USER: <image>\n{q} ASSISTANT:", _params(2), image_data=img)
+    eng.generate("USER: <video>\nWhat moves? ASSISTANT:", _params(2), video_data=(str(clip), 4))
+    snap = json.loads(panel.snapshot_json())
+    rows = {r["id"]: r for r in snap["tree"]["nodes"]}
+    truth = {n["id"]: n for n in eng.tree_snapshot(max_key_tokens=10**6)["nodes"]}
+    held = {i: r for i, r in rows.items() if r.get("media")}
+    assert set(held) == {i for i, n in truth.items() if n.get("media")}
+    kinds = sorted(m["kind"] for r in held.values() for m in r["media"])
+    assert kinds == ["image", "video"]
+    for i, r in held.items():
+        assert [(m["kind"], m["hash"], m["tokens"]) for m in r["media"]] == \
+            [(m["kind"], m["hash"], m["tokens"]) for m in truth[i]["media"]]
+        for m in r["media"]:
+            assert m["thumbnail"].startswith("data:image/jpeg;base64,") and len(m["thumbnail"]) < 4000
+            assert r["text"].count(f"[{m['kind']}]") == 1
+    (video,) = [r for r in held.values() if r["media"][0]["kind"] == "video"]
+    assert "[video]\nWhat moves?" in video["text"]  # hundreds of pad ids count as one token of the label
+    assert len(json.dumps(snap)) < 20_000
+
+    view.flush()
+    mine = {r["id"]: r for r in view.nodes}
+    assert set(mine) == set(rows)
+    for i, r in rows.items():  # the widget and the panel show the same text and chips
+        assert (mine[i]["text"], mine[i].get("media")) == (r["text"], r.get("media")), i
+    view.detach()
+
+    picked = next(i for i, r in held.items() if r["media"][0]["kind"] == "image")
+    details = json.loads(panel.snapshot_json(selected=picked))["tree"]["details"]
+    assert details["text"] == truth[picked]["text"] and "[image]" in details["text"]
+    assert details["media"][0]["thumbnail"] == truth[picked]["media"][0]["thumbnail"]  # the engine's own
+    leaf = next(i for i, r in rows.items() if r["parent"] in held and not r.get("media"))
+    assert "[" in json.loads(panel.snapshot_json(selected=leaf))["tree"]["details"]["prefix"]
+
+
 def _node(i: int, parent: int | None, t: float = 0.0) -> dict:
     return {"id": i, "parent": parent, "tokens": 1, "lock_ref": 0, "hit_count": 0, "last_access": t,
             "created": t, "key": [i]}

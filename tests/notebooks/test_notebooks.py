@@ -4,6 +4,7 @@ dataset mode) and `load_notebook`."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,8 @@ def _sgnb(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 
 def test_notebooks_are_saved_clean_and_small():
     names = {p.stem for p in NOTEBOOKS}
-    assert {"quickstart", "few_shot_select", "tree_of_thought_fork", "json_regex", "multi_turn_chat"} <= names
+    assert {"quickstart", "few_shot_select", "tree_of_thought_fork", "json_regex", "multi_turn_chat",
+            "image_qa"} <= names
     for path in NOTEBOOKS:
         assert path.stat().st_size < 20_000, path
         nb = nbformat.read(str(path), as_version=4)
@@ -58,7 +60,25 @@ def test_notebook_runs_top_to_bottom(path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    assert "loaded in" in "".join(o.get("text", "") for o in code[0].outputs)  # %sgl model smollm2
+    assert "loaded in" in "".join(o.get("text", "") for o in code[0].outputs)  # %sgl model ...
+    if path.stem == "image_qa":
+        _check_image_qa(nb)
+
+
+def _check_image_qa(nb) -> None:
+    """The questions reuse the picture's cached tokens, and the saved widget state (what an HTML export shows)
+    holds the thumbnails, the video's frames and the tree's image chips."""
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    counts = [(int(a), int(b)) for a, b in re.findall(r"(\d+) of (\d+) prompt tokens cached", printed)]
+    assert len(counts) == 4 and sum(cached > total // 2 for cached, total in counts) >= 3, counts
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    segments = [seg for m in state.values() for p in m["state"].get("programs", []) for seg in p["segments"]]
+    images = [seg for seg in segments if seg["k"] == "image"]
+    assert len(images) == 2 and all(seg["thumb"].startswith("data:image/jpeg") for seg in images)
+    (video,) = [seg for seg in segments if seg["k"] == "video"]
+    assert video["num_frames"] == 8 and len(video["frames"]) >= 4
+    rows = [r for m in state.values() for r in m["state"].get("nodes", []) if r.get("media")]
+    assert sorted(m["kind"] for r in rows for m in r["media"]) == ["image", "image", "video"]
 
 
 def _parameters_notebook(path: Path) -> Path:

@@ -3,6 +3,7 @@ the engine's scheduler thread does nothing for a view but append to a deque."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -185,33 +186,130 @@ def test_program_view_throttles_updates():
     assert all(m["method"] == "update" and {"programs", "summary"} >= set(m["state"]) for m in sent)
 
 
-def test_program_view_media_error_and_text_forms(runtime, tmp_path):
+def _llava_fixtures():
+    """tests/llava_fixtures.py (write_video), imported by path (the suite runs with --import-mode=importlib)."""
+    import importlib.util
+    from pathlib import Path
+
+    if "llava_fixtures" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("llava_fixtures", Path(__file__).parents[1] / "llava_fixtures.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["llava_fixtures"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["llava_fixtures"]
+
+
+@pytest.fixture(scope="module")
+def llava_engine():
+    from sgnb.engine import Engine
+
+    eng = Engine("dummy:tiny-llava-next-video")  # random weights: the answers are noise, the rest is real
+    yield eng
+    eng.shutdown()
+
+
+def test_program_view_media_error_and_text_forms(runtime, llava_engine, tmp_path):
+    """A real program with an image and a video: the view shows the image's thumbnail and the video's frame
+    strip where the program added them; on a model that takes no images, the error at the image() line."""
     from PIL import Image
 
     img = tmp_path / "red.png"
     Image.new("RGB", (640, 480), (220, 30, 30)).save(img)
+    clip = _llava_fixtures().write_video(tmp_path / "clip.mp4", frames=12)
 
     @sgl.function
-    def looks(s, path):
-        s += "Look at this:" + sgl.image(path) + sgl.video(str(tmp_path / "clip.mp4"), num_frames=4)
-        s += sgl.gen("caption", max_tokens=4)  # this model takes no images: the program fails here
+    def looks(s, path, clip):
+        s += "USER: Look at this: " + sgl.image(path) + " and this: " + sgl.video(clip, num_frames=4)
+        s += "\nWhat is in both? ASSISTANT:" + sgl.gen("caption", max_tokens=3, temperature=0)
 
     view = ProgramView()
-    state = view.run(looks, str(img), backend=runtime)
-    assert state.error() is not None
+    state = view.run(looks, str(img), str(clip), backend=sgl.Runtime(engine=llava_engine))
+    state.sync()
     settle(view)
     (p,) = view.programs
-    assert p["status"] == "error" and "images" in p["error"]["message"]
+    assert p["status"] == "done", p["error"]
+    assert [s["k"] for s in p["segments"]][:5] == ["text", "image", "text", "video", "text"]
     (image,) = segs(p, "image")
-    assert image["thumb"].startswith("data:image/jpeg;base64,") and len(image["thumb"]) < 6000
+    assert image["name"] == "red.png" and max(_image_of(image["thumb"]).size) <= 72
     (video,) = segs(p, "video")
-    assert video["thumb"] == "" and video["name"] == "clip.mp4" and video["num_frames"] == 4
-    assert segs(p, "error")[0]["where"]
+    assert video["name"] == "clip.mp4" and video["num_frames"] == 4 and video["frames"]
+    assert all(max(_image_of(f).size) <= 48 for f in video["frames"])
+    (gen,) = segs(p, "gen")
+    assert gen["meta"]["prompt_tokens"] > 100  # the image's and the video's tokens went to the engine
+
+    failing = ProgramView()
+    state = failing.run(looks, str(img), str(clip), backend=runtime)  # SmolLM2 takes no images
+    assert state.error() is not None
+    settle(failing)
+    (p,) = failing.programs
+    assert p["status"] == "error" and "images" in p["error"]["message"] and not segs(p, "image")
+    assert "test_widgets.py" in segs(p, "error")[0]["where"]  # the image() line
 
     text = repr(view)
-    assert text.startswith("<ProgramView") and "error" in text and len(text) < 200
+    assert text.startswith("<ProgramView") and "done" in text and len(text) < 200
+    assert "error" in repr(failing)
     data, _ = view._repr_mimebundle_()
     assert data["text/plain"] == text and "text/html" not in data
+
+
+def _data_url(img, fmt="PNG") -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _image_of(url: str):
+    import base64
+    import io
+
+    from PIL import Image
+
+    assert url.startswith("data:image/jpeg;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
+def test_program_view_shows_thumbnails_and_frame_strips(tmp_path):
+    """Image and video events as the interpreter sends them (a thumbnail / frames in any input form) and as
+    it did before (a path only): small JPEGs in the segments, in program order, whatever size arrived."""
+    from PIL import Image
+
+    red = Image.new("RGB", (640, 480), (220, 30, 30))
+    blue_path = tmp_path / "blue.png"
+    Image.new("RGB", (300, 300), (30, 30, 220)).save(blue_path)
+    frames = [_data_url(Image.new("RGB", (96, 72), (10 * i, 200, 0))) for i in range(20)]
+
+    def ev(type_, **kw):
+        return {"program": "p", "parent": None, "type": type_, **kw}
+
+    view = ProgramView()
+    for e in [ev("program_begin", name="look", arguments={}), ev("text", text="USER: "),
+              ev("image", path="<PIL.Image.Image image mode=RGB size=640x480>", thumbnail=_data_url(red)),
+              ev("text", text=" and "), ev("image", path=str(blue_path)),  # no thumbnail: read from the path
+              ev("video", path=str(tmp_path / "clip.mp4"), num_frames=20, frames=frames),
+              ev("video", path=str(tmp_path / "gone.mp4"), num_frames=4),  # nothing to show but its name
+              ev("image", path="https://example.com/cat.png"),  # not readable here: its name
+              ev("end")]:
+        view.on_event(e)
+    view.flush()
+    (p,) = view.programs
+    kinds = [s["k"] for s in p["segments"]]
+    assert kinds == ["text", "image", "text", "image", "video", "video", "image"]
+    red_seg, blue_seg, url_seg = segs(p, "image")
+    for seg, rgb in ((red_seg, (220, 30, 30)), (blue_seg, (30, 30, 220))):
+        im = _image_of(seg["thumb"])
+        assert max(im.size) <= 72 and all(abs(a - b) < 12 for a, b in zip(im.convert("RGB").getpixel((5, 5)), rgb))
+    assert url_seg["thumb"] == "" and url_seg["name"] == "cat.png"
+    strip, bare = segs(p, "video")
+    assert strip["num_frames"] == 20 and len(strip["frames"]) == 16  # evenly spread, first and last kept
+    shrunk = [_image_of(f) for f in strip["frames"]]
+    assert all(max(im.size) <= 48 for im in shrunk)
+    assert [round(im.convert("RGB").getpixel((2, 2))[0] / 10) for im in (shrunk[0], shrunk[-1])] == [0, 19]
+    assert bare["frames"] == [] and bare["thumb"] == "" and bare["name"] == "gone.mp4"
+    assert len(json.dumps(view.programs)) < 30_000  # what the notebook saves stays small
 
 
 def test_program_view_run_batch_and_classmethod(runtime):
@@ -313,6 +411,41 @@ def test_tree_view_aggregates_above_max_nodes(engine):
     kids = [r for r in view.nodes if r["parent"] == g["parent"] and not r.get("group")]
     assert len(kids) == len([c for c in view._nodes.values() if c.parent == g["parent"]])
     assert len([r for r in view.nodes if not r.get("group")]) <= 2 * 12
+    view.detach()
+
+
+def test_tree_view_shows_an_image_node_as_a_chip(llava_engine):
+    """The image's hundreds of pad ids read "[image]" once, the text after it stays in the label, and the
+    node carries a small thumbnail chip (the engine's own, larger, in the details)."""
+    from PIL import Image
+
+    eng = llava_engine
+    eng.flush_cache()
+    view = RadixTreeView(eng)
+    red, green = Image.new("RGB", (64, 48), (220, 30, 30)), Image.new("RGB", (64, 48), (30, 200, 30))
+    params = {"max_new_tokens": 2, "temperature": 0}
+    eng.generate("USER: <image>\nWhat is in it? ASSISTANT:", params, image_data=red)
+    again = eng.generate("USER: <image>\nWhat colour is it? ASSISTANT:", params, image_data=red)
+    eng.generate("Compare <image> and <image>.", params, image_data=[green, red])
+    view.flush()
+    snap = {n["id"]: n for n in eng.tree_snapshot(max_key_tokens=10**6)["nodes"]}
+    held = [r for r in view.nodes if r.get("media")]
+    assert {r["id"] for r in held} == {i for i, n in snap.items() if n.get("media")}
+    for r in held:  # the chips are the snapshot's media, their thumbnails shrunk
+        assert [(m["kind"], m["hash"], m["tokens"]) for m in r["media"]] == \
+            [(m["kind"], m["hash"], m["tokens"]) for m in snap[r["id"]]["media"]]
+        assert all(max(_image_of(m["thumbnail"]).size) <= 48 for m in r["media"])
+        assert r["text"].count("[image]") == len(r["media"]) and "<image>" not in r["text"]
+    (one,) = [r for r in held if r["text"].startswith("USER: [image]")]  # prefilled once, then reused
+    assert again["meta_info"]["cached_tokens"] >= one["media"][0]["tokens"] > 1
+    (two,) = [r for r in held if r["text"].startswith("Compare")]
+    assert two["text"] == "Compare [image] and [image]."  # the text between and after the images stays
+    assert [m["hash"] for m in two["media"]][1] == one["media"][0]["hash"] != two["media"][0]["hash"]
+
+    view.selected = one["id"]
+    (m,) = view.details["media"]
+    assert m["thumbnail"] == snap[one["id"]]["media"][0]["thumbnail"]  # the engine's own thumbnail
+    assert "[image]" in view.details["text"]
     view.detach()
 
 

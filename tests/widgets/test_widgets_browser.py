@@ -121,10 +121,9 @@ def exported_notebook(tmp_path_factory) -> tuple[str, dict]:
 CDN = re.compile(r"^https://(?:unpkg\.com|cdn\.jsdelivr\.net/npm)/((?:@[^/@]+/)?[^/@]+)(?:@[^/]*)?(/[^?#]*)?")
 
 
-def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported_notebook):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    html, printed = exported_notebook
-    refused: list[str] = []
+def offline(html: str, widget_packages: dict[str, Path], refused: list[str]):
+    """A Playwright route handler: the page at ORIGIN + "index.html", the CDN's packages from their npm copies,
+    every other request refused (and recorded in `refused`)."""
 
     def serve(route) -> None:
         url = route.request.url
@@ -154,6 +153,15 @@ def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported
                 return route.fulfill(path=str(f), content_type=kind, headers={"Access-Control-Allow-Origin": "*"})
         refused.append(url)
         return route.abort()
+
+    return serve
+
+
+def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported_notebook):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    html, printed = exported_notebook
+    refused: list[str] = []
+    serve = offline(html, widget_packages, refused)
 
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
@@ -199,6 +207,64 @@ def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported
             page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view.png"))
             page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree.png"))
             page.locator(".sgnb-st").first.screenshot(path=str(ARTIFACTS / "widgets-engine-stats.png"))
+        finally:
+            browser.close()
+    ours = [e for e in errors if "sgnb" in e or "anywidget" in e.lower()]
+    assert not ours, ours
+    assert not refused, refused
+
+
+def test_saved_image_notebook_shows_thumbnails_strips_and_chips(chromium, widget_packages):
+    """notebooks/image_qa.ipynb executed and exported to HTML, opened with no kernel: the program views show the
+    images and the video's frame strip where the programs added them, the tree's image nodes their chips (SVG
+    images of data: URLs), and a click on one shows its larger thumbnail in the details box."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    nbconvert = pytest.importorskip("nbconvert")
+    from sgnb.notebook import execute_notebook
+
+    nb = execute_notebook(ROOT / "notebooks" / "image_qa.ipynb", timeout=120)
+    html, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
+    refused: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.route("**/*", offline(html, widget_packages, refused))
+            page.goto(ORIGIN + "index.html")
+            page.wait_for_selector(".sgnb-pv-strip", timeout=60_000)
+            page.wait_for_selector(".sgnb-rt-node.media", timeout=30_000)
+            drawn = page.evaluate("""() => ({
+              images: [...document.querySelectorAll('.sgnb-pv-img')].map(i => [i.naturalWidth, i.src.slice(0, 23)]),
+              frames: [...document.querySelectorAll('.sgnb-pv-strip .sgnb-pv-frame')].map(i => i.naturalWidth),
+              chips: [...document.querySelectorAll('.sgnb-rt-node.media .sgnb-rt-chip image')]
+                .map(i => i.getAttribute('href').slice(0, 23)),
+              labels: [...document.querySelectorAll('.sgnb-rt-node.media text')].map(t => t.textContent),
+            })""")
+            assert len(drawn["images"]) == 2, drawn  # the two pictures of the comparison
+            assert all(w > 0 and src == "data:image/jpeg;base64," for w, src in drawn["images"]), drawn
+            assert len(drawn["frames"]) >= 4 and all(w > 0 for w in drawn["frames"]), drawn
+            # three nodes hold media: the scene (shared by the questions), the night picture, the video
+            assert len(drawn["chips"]) == 3 and set(drawn["chips"]) == {"data:image/jpeg;base64,"}, drawn
+            assert any("[image]" in t for t in drawn["labels"]) and any("[video]" in t for t in drawn["labels"])
+            chip_node = page.locator(".sgnb-rt-node.media").first
+            chip_node.click()
+            page.wait_for_selector(".sgnb-rt-details .sgnb-rt-media img", timeout=5_000)
+            assert "tok" in page.locator(".sgnb-rt-details figcaption").first.inner_text()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images.png"))
+            # the outline ("fit width" in a narrow box, as in the lab panel): the label starts after the chip
+            page.set_viewport_size({"width": 640, "height": 1000})
+            page.locator(".sgnb-rt-ctl input[name=fit]").first.check()
+            page.wait_for_selector(".sgnb-rt[data-layout='outline']", timeout=5_000)
+            gap = page.evaluate("""() => [...document.querySelectorAll('.sgnb-rt-node.media')].map(g => {
+              const chip = g.querySelector('.sgnb-rt-chip').getBoundingClientRect();
+              return g.querySelector('text').getBoundingClientRect().left - chip.right; })""")
+            assert gap and all(0 <= x < 12 for x in gap), gap
+            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images-outline.png"))
+            page.locator(".sgnb-pv").nth(1).screenshot(path=str(ARTIFACTS / "widgets-program-view-video.png"))
+            page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view-images.png"))
         finally:
             browser.close()
     ours = [e for e in errors if "sgnb" in e or "anywidget" in e.lower()]
@@ -283,6 +349,23 @@ RECORD = """() => {
 }"""
 
 
+STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]/.test(e.textContent))"
+
+
+def _run_all_cells(page) -> None:
+    """Run > Run All Cells, until a cell shows it ran or runs ([*] or [1]): on a loaded machine the first click
+    can land before the notebook panel takes commands."""
+    for _ in range(3):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            page.wait_for_function(STARTED, timeout=20_000)
+            return
+        except Exception:
+            page.keyboard.press("Escape")
+    raise AssertionError("Run All Cells did not start any cell")
+
+
 def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
@@ -293,8 +376,7 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
             app = "notebook7" if "/notebooks/" in jupyter_lab else "lab"
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
             page.evaluate(RECORD)
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            _run_all_cells(page)
             try:
                 page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
             except Exception:
