@@ -21,7 +21,6 @@ Nothing here touches the network: http(s) URLs are refused.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import io
 import json
@@ -33,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from sgnb.engine.image_io import data_url_bytes, read_file
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -264,16 +265,16 @@ def decode_image(data: Any) -> Image.Image:
     from PIL import Image, ImageOps
 
     if isinstance(data, Path):
-        img = _open_bytes(_read_file(data, "image"), f"image file {str(data)!r}")
+        img = _open_bytes(read_file(data, "image"), f"image file {str(data)!r}")
     elif isinstance(data, str):
         text = data.strip()
         if text.lower().startswith(("http://", "https://")):
             raise ValueError(f"image URL {text[:80]!r} not fetched: no network access; pass a path, bytes or a "
                              "data: URL")
         if text.lower().startswith("data:"):
-            img = _open_bytes(_data_url_bytes(text), "the data: URL")
+            img = _open_bytes(data_url_bytes(text), "the data: URL")
         else:
-            img = _open_bytes(_read_file(Path(text).expanduser(), "image"), f"image file {text!r}")
+            img = _open_bytes(read_file(Path(text).expanduser(), "image"), f"image file {text!r}")
     elif isinstance(data, (bytes, bytearray, memoryview)):
         img = _open_bytes(bytes(data), "the image bytes")
     elif isinstance(data, Image.Image):
@@ -297,26 +298,6 @@ def decode_image(data: Any) -> Image.Image:
         return img if img.mode == "RGB" else img.convert("RGB")
     except (OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"the image cannot be decoded: {e}") from None
-
-
-def _read_file(path: Path, what: str) -> bytes:
-    if not path.is_file():
-        raise ValueError(f"{what} file {str(path)!r} does not exist" if not path.exists()
-                         else f"{what} path {str(path)!r} is not a file")
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} file {str(path)!r}: {e}") from None
-
-
-def _data_url_bytes(url: str) -> bytes:
-    header, sep, payload = url.partition(",")
-    if not sep or not header.lower().endswith(";base64"):
-        raise ValueError(f"a data: URL must look like 'data:image/png;base64,...', got {url[:40]!r}")
-    try:
-        return base64.b64decode(payload.strip(), validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ValueError(f"the data: URL's base64 payload is corrupt: {e}") from None
 
 
 def _open_bytes(raw: bytes, what: str) -> Image.Image:

@@ -18,7 +18,6 @@ Nothing here touches the network: http(s) URLs are passed on (a server may fetch
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import io
 import mimetypes
@@ -28,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sgnb.engine.image_io import data_url_bytes, read_file
 
 THUMBNAIL_PX = 96
 VIDEO_THUMBNAIL_FRAMES = 4
@@ -108,34 +109,13 @@ def describe(media: Media) -> str:
 
 
 # ---- reading -------------------------------------------------------------------------------------------------
-def _read(path: Any, what: str) -> bytes:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ValueError(f"{what} file {str(path)!r} does not exist" if not p.exists()
-                         else f"{what} path {str(path)!r} is not a file")
-    try:
-        return p.read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} file {str(path)!r}: {e}") from None
-
-
-def _data_url_bytes(url: str) -> bytes:
-    header, sep, payload = url.strip().partition(",")
-    if not sep or not header.lower().endswith(";base64"):
-        raise ValueError(f"a data: URL must look like 'data:image/png;base64,...', got {url[:40]!r}")
-    try:
-        return base64.b64decode(payload.strip(), validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ValueError(f"the data: URL's base64 payload is corrupt: {e}") from None
-
-
 def _encoded(data: Any) -> bytes | None:
     """The encoded file bytes of an image given as a path, bytes or a data: URL (None for PIL images / arrays)."""
     kind = _kind_of(data)
     if kind == "path":
-        return _read(data, "image")
+        return read_file(data, "image")
     if kind == "data_url":
-        return _data_url_bytes(data)
+        return data_url_bytes(data)
     if kind == "bytes":
         return bytes(data)
     return None
@@ -276,7 +256,7 @@ def data_url(media: Media) -> str:
         return str(data).strip()
     if media.kind == "video":
         mime = mimetypes.guess_type(str(data))[0] or "video/mp4"
-        return f"data:{mime};base64," + base64.b64encode(_read(data, "video")).decode()
+        return f"data:{mime};base64," + base64.b64encode(read_file(data, "video")).decode()
     raw = _encoded(data)
     mime = _mime(raw) if raw is not None else None
     if raw is not None and mime is not None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# test helpers that are not tests (tests/llava_fixtures.py) import by name
+sys.path.insert(0, str(Path(__file__).parent))
 
 # Without a GPU the Triton kernels run in Triton's interpreter (the kernel tests, and the engine with
 # attention_backend="triton"). Triton reads this when a kernel is decorated, i.e. when sgnb.kernels' modules
@@ -53,3 +58,17 @@ def hf_logprobs(hf_model):
         return logits.double().log_softmax(-1)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def mm_engine(tmp_path_factory):
+    """An in-process engine on a tiny random LLaVA-NeXT-Video checkpoint (tests/llava_fixtures.py): images and
+    videos on the CPU in a second."""
+    import llava_fixtures
+
+    from sgnb.engine import Engine
+
+    path = llava_fixtures.make_llava(tmp_path_factory.mktemp("llava-session"), "llava_next_video")
+    eng = Engine(str(path), device="cpu")
+    yield eng
+    eng.shutdown()

@@ -161,3 +161,14 @@ def write_video(path: Path, frames: int = 12, h: int = 24, w: int = 32, containe
         for packet in s.encode():
             c.mux(packet)
     return path
+
+
+def png_bytes(array: np.ndarray) -> bytes:
+    """An image array encoded as a PNG file's bytes."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()

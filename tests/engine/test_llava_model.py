@@ -11,14 +11,13 @@ processor expands the image token into (or, for videos, HF's own feature count).
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import itertools
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import llava_fixtures as FX  # tests/llava_fixtures.py (tests/ is on sys.path: conftest)
 import numpy as np
 import pytest
 import torch
@@ -37,19 +36,6 @@ CPU = torch.device("cpu")
 MAX_TOKENS = 4096
 
 
-def _fixtures():
-    """tests/llava_fixtures.py, imported by path (the suite runs with --import-mode=importlib)."""
-    if "llava_fixtures" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("llava_fixtures",
-                                                      Path(__file__).parents[1] / "llava_fixtures.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llava_fixtures"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["llava_fixtures"]
-
-
-FX = _fixtures()
 RNG = np.random.default_rng(0)
 
 

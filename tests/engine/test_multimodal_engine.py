@@ -8,30 +8,17 @@ tolerance at every text position (an image's own positions have no logprob: they
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
-import sys
 import time
 from pathlib import Path
 
+import llava_fixtures as FX  # tests/llava_fixtures.py (tests/ is on sys.path: conftest)
 import pytest
 import torch
 
 TOL = 2e-4
 
 
-def _fixtures():
-    if "llava_fixtures" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("llava_fixtures",
-                                                      Path(__file__).parents[1] / "llava_fixtures.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llava_fixtures"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["llava_fixtures"]
-
-
-FX = _fixtures()
 PROMPT = "Look at this: <image> Now say what you see, briefly."
 
 

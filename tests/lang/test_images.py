@@ -8,11 +8,9 @@ the events whatever form the image came in, and errors at the image()/video() li
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
+import llava_fixtures as FX  # tests/llava_fixtures.py (tests/ is on sys.path: conftest)
 import pytest
 
 import sgnb as sgl
@@ -20,30 +18,8 @@ import sgnb as sgl
 GREEDY = {"max_tokens": 6, "temperature": 0}
 
 
-def _fixtures():
-    if "llava_fixtures" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("llava_fixtures",
-                                                      Path(__file__).parents[1] / "llava_fixtures.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llava_fixtures"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["llava_fixtures"]
-
-
-FX = _fixtures()
 IMAGE = FX.smooth_image(40, 50, 0)
 OTHER = FX.smooth_image(40, 50, 1)
-
-
-@pytest.fixture(scope="module")
-def mm_engine(tmp_path_factory):
-    from sgnb.engine import Engine
-
-    path = FX.make_llava(tmp_path_factory.mktemp("llava-lang"), "llava_next_video")
-    eng = Engine(str(path), device="cpu")
-    yield eng
-    eng.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +43,6 @@ def backends(mm_engine, mm_server):
 @pytest.fixture(scope="module")
 def video_path(tmp_path_factory):
     return FX.write_video(tmp_path_factory.mktemp("video") / "clip.mp4", frames=12)
-
-
-def _png(array) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _image_positions(engine, image) -> int:
@@ -230,7 +198,7 @@ def test_run_batch_questions_share_the_cached_image(backends, mm_engine):
 def test_every_input_form_is_the_same_image(backends, tmp_path):
     from PIL import Image
 
-    png = _png(IMAGE)
+    png = FX.png_bytes(IMAGE)
     path = tmp_path / "picture.png"
     path.write_bytes(png)
     forms = {"array": IMAGE, "pil": Image.open(io.BytesIO(png)), "bytes": png, "path": str(path), "Path": path,
@@ -352,7 +320,7 @@ def test_openai_and_anthropic_content_parts():
     from sgnb.backends.openai import OpenAI
     from sgnb.media import Media
 
-    png = _png(IMAGE)
+    png = FX.png_bytes(IMAGE)
     media = [Media("image", png), Media("image", "https://example.com/b.jpg")]
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "<image>Compare with <image>"}, {"role": "assistant", "content": ""}]
@@ -381,7 +349,7 @@ def test_sglang_frontend_image_program_on_sgnb_serve(mm_server, mm_engine, tmp_p
     from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
     path = tmp_path / "picture.png"
-    path.write_bytes(_png(IMAGE))
+    path.write_bytes(FX.png_bytes(IMAGE))
 
     @sglang.function
     def describe(s, image_path):

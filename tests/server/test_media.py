@@ -9,14 +9,11 @@ from __future__ import annotations
 import base64
 import glob
 import http.client
-import importlib.util
-import io
 import json
 import os
-import sys
 import tempfile
-from pathlib import Path
 
+import llava_fixtures as FX  # tests/llava_fixtures.py (tests/ is on sys.path: conftest)
 import pytest
 
 from sgnb.server import start_server_thread
@@ -24,43 +21,13 @@ from sgnb.server import start_server_thread
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
 
 
-def _fixtures():
-    if "llava_fixtures" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("llava_fixtures",
-                                                      Path(__file__).parents[1] / "llava_fixtures.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llava_fixtures"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["llava_fixtures"]
-
-
-FX = _fixtures()
 IMAGE = FX.smooth_image(40, 50, 0)
 OTHER = FX.smooth_image(32, 32, 1)
 
 
-def _png(array) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-B64 = base64.b64encode(_png(IMAGE)).decode()
+B64 = base64.b64encode(FX.png_bytes(IMAGE)).decode()
 URL = "data:image/png;base64," + B64
-OTHER_URL = "data:image/png;base64," + base64.b64encode(_png(OTHER)).decode()
-
-
-@pytest.fixture(scope="module")
-def mm_engine(tmp_path_factory):
-    from sgnb.engine import Engine
-
-    path = FX.make_llava(tmp_path_factory.mktemp("llava-serve"), "llava_next_video")
-    eng = Engine(str(path), device="cpu")
-    yield eng
-    eng.shutdown()
+OTHER_URL = "data:image/png;base64," + base64.b64encode(FX.png_bytes(OTHER)).decode()
 
 
 @pytest.fixture(scope="module")
