@@ -33,3 +33,16 @@ def data_url_bytes(url: str) -> bytes:
         return base64.b64decode(payload.strip(), validate=True)
     except (binascii.Error, ValueError) as e:
         raise ValueError(f"the data: URL's base64 payload is corrupt: {e}") from None
+
+
+def image_from_array(data: Any) -> Any:
+    """A uint8 (H, W, 3) / (H, W) / (H, W, 4) numpy array as a PIL image; ValueError for any other array."""
+    import numpy as np
+    from PIL import Image
+
+    if data.dtype != np.uint8 or data.ndim not in (2, 3) or (data.ndim == 3 and data.shape[2] not in (3, 4)):
+        raise ValueError(f"an image array must be uint8 of shape (H, W, 3) (or (H, W) / (H, W, 4)), got "
+                         f"{data.dtype} {data.shape}")
+    if min(data.shape[:2]) == 0:
+        raise ValueError(f"the image array is empty: shape {data.shape}")
+    return Image.fromarray(np.ascontiguousarray(data))

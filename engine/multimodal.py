@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from sgnb.engine.image_io import data_url_bytes, read_file
+from sgnb.engine.image_io import data_url_bytes, image_from_array, read_file
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -280,12 +280,7 @@ def decode_image(data: Any) -> Image.Image:
     elif isinstance(data, Image.Image):
         img = data
     elif isinstance(data, np.ndarray):
-        if data.dtype != np.uint8 or data.ndim not in (2, 3) or (data.ndim == 3 and data.shape[2] not in (3, 4)):
-            raise ValueError(f"an image array must be uint8 of shape (H, W, 3) (or (H, W) / (H, W, 4)), got "
-                             f"{data.dtype} {data.shape}")
-        if min(data.shape[:2]) == 0:
-            raise ValueError(f"the image array is empty: shape {data.shape}")
-        img = Image.fromarray(np.ascontiguousarray(data))
+        img = image_from_array(data)
     else:
         raise ValueError(f"cannot read an image from a {type(data).__name__}: pass a path, PIL image, uint8 array "
                          "(H, W, 3), encoded bytes or a data: URL")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sgnb.engine.image_io import data_url_bytes, read_file
+from sgnb.engine.image_io import data_url_bytes, image_from_array, read_file
 
 THUMBNAIL_PX = 96
 VIDEO_THUMBNAIL_FRAMES = 4
@@ -130,14 +130,7 @@ def open_image(data: Any, draft: int | None = None) -> Any:
     if kind == "pil":
         img = data
     elif kind == "array":
-        import numpy as np
-
-        if data.dtype != np.uint8 or data.ndim not in (2, 3) or (data.ndim == 3 and data.shape[2] not in (3, 4)):
-            raise ValueError(f"an image array must be uint8 of shape (H, W, 3) (or (H, W) / (H, W, 4)), got "
-                             f"{data.dtype} {data.shape}")
-        if min(data.shape[:2]) == 0:
-            raise ValueError(f"the image array is empty: shape {data.shape}")
-        img = Image.fromarray(np.ascontiguousarray(data))
+        img = image_from_array(data)
     else:
         raw = _encoded(data)
         if raw is None:
