@@ -43,10 +43,10 @@ def workload(n_images: int, n_questions: int, fx) -> tuple[list, list[str]]:
 
 
 def run_sgnb(model: str, device: str, images, questions, new_tokens: int, radix: bool, video: str | None,
-             frames: int) -> dict:
+             frames: int, quantization: str = "none") -> dict:
     from sgnb.engine import Engine
 
-    eng = Engine(model, device=device, disable_radix_cache=not radix)
+    eng = Engine(model, device=device, disable_radix_cache=not radix, quantization=quantization)
     try:
         sp = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         eng.generate(questions[0], {**sp, "max_new_tokens": 1}, image_data=images[0])  # warm up
@@ -120,6 +120,8 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--quantization", default="none",
+                    help="sgnb's weights (none: the same fp32 arithmetic as HF, so greedy outputs can agree)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -132,13 +134,15 @@ def main() -> int:
     video = str(fx.write_video(Path(tmp) / "clip.mp4", frames=24)) if video_model else None
     images, questions = workload(args.images, args.questions, fx)
     rows = {
-        "sgnb": run_sgnb(model, args.device, images, questions, args.new_tokens, True, None, args.frames),
-        "sgnb-no-radix": run_sgnb(model, args.device, images, questions, args.new_tokens, False, None, args.frames),
+        "sgnb": run_sgnb(model, args.device, images, questions, args.new_tokens, True, None, args.frames,
+                         args.quantization),
+        "sgnb-no-radix": run_sgnb(model, args.device, images, questions, args.new_tokens, False, None, args.frames,
+                                  args.quantization),
         "hf-transformers": run_hf(model, args.device, images, questions, args.new_tokens, fx),
     }
     if video_model:
         rows["sgnb-video"] = run_sgnb(video_model, args.device, images[:1], questions[:1], args.new_tokens, True,
-                                      video, args.frames)["video"]
+                                      video, args.frames, args.quantization)["video"]
     agree = sum(a == b for a, b in zip(rows["sgnb"]["output_ids"], rows["hf-transformers"]["output_ids"]))
     for r in rows.values():
         r.pop("output_ids", None)
@@ -146,6 +150,7 @@ def main() -> int:
     result = {
         "benchmark": "llava (several questions per image)", "date": time.strftime("%Y-%m-%d"),
         "device": device_name(), "commit": commit(), "model": args.model, "kind": args.kind,
+        "quantization": args.quantization,
         "images": args.images, "questions_per_image": args.questions, "new_tokens": args.new_tokens,
         "systems": rows,
         "ratios": {"sgnb_vs_hf": round(base / rows["hf-transformers"]["questions_per_s"], 2),
