@@ -42,6 +42,9 @@ class BatchSpec:
     prefix_lens: list[int]  # (B,)
     extend_lens: list[int]  # (B,)
     shared_len: int = 0
+    # requests that share a radix prefix, contiguous in the batch: (first request, count, shared slots); every
+    # request in one group (shared 0 for a lone one). None: no grouping (shared_len alone says what is shared)
+    groups: list[tuple[int, int, int]] | None = None
     # multimodal: rows of the flat batch whose input embedding is replaced by encoder features (image or video
     # tokens; their input_ids are placeholders), and those features, (K, hidden) in the model's dtype
     mm_rows: list[int] | None = None  # (K,)
@@ -69,13 +72,13 @@ class BatchSpec:
         return {"input_ids": np.asarray(self.input_ids, dtype=np.int64),
                 "out_cache_loc": self.out_cache_loc.cpu().numpy(),
                 "req_pool_indices": self.req_pool_indices, "prefix_lens": self.prefix_lens,
-                "extend_lens": self.extend_lens, "shared_len": self.shared_len}
+                "extend_lens": self.extend_lens, "shared_len": self.shared_len, "groups": self.groups}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> BatchSpec:
         return cls(input_ids=d["input_ids"].tolist(), out_cache_loc=torch.from_numpy(d["out_cache_loc"]),
                    req_pool_indices=d["req_pool_indices"], prefix_lens=d["prefix_lens"],
-                   extend_lens=d["extend_lens"], shared_len=d["shared_len"])
+                   extend_lens=d["extend_lens"], shared_len=d["shared_len"], groups=d.get("groups"))
 
 
 @dataclass
@@ -98,6 +101,7 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     req_to_token: torch.Tensor  # (R, max_context) the table, shared with the scheduler (not a copy)
     shared_len: int = 0
+    groups: list[tuple[int, int, int]] | None = None  # see BatchSpec
     mm_rows: torch.Tensor | None = None  # (K,) rows whose embedding is mm_embeds (see BatchSpec)
     mm_embeds: torch.Tensor | None = None  # (K, hidden)
     attn_backend: AttentionBackend | None = None  # attached by the runner
@@ -134,6 +138,6 @@ class ForwardBatch:
             out_cache_loc=spec.out_cache_loc.to(device), req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,
             qo_indptr=ptr, req_pool_indices_cpu=list(spec.req_pool_indices), prefix_lens_cpu=list(spec.prefix_lens),
             extend_lens_cpu=list(spec.extend_lens), seq_lens_cpu=seq.tolist(), req_to_token=req_to_token,
-            shared_len=spec.shared_len, mm_rows=mm_rows,
+            shared_len=spec.shared_len, groups=spec.groups, mm_rows=mm_rows,
             mm_embeds=None if spec.mm_embeds is None else spec.mm_embeds.to(device, non_blocking=True),
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from sgnb.engine.kv_pool import KVPool, ReqToTokenPool
-from sgnb.engine.radix_cache import MatchResult, RadixCache
+from sgnb.engine.radix_cache import MatchResult, RadixCache, TreeNode
 from sgnb.engine.request import Req
 
 
@@ -113,6 +113,48 @@ class KVManager:
             return 0
         limit = min(r.cached_len for r in reqs)
         return min(self.tree.common_prefix_depth(nodes), limit)  # type: ignore[arg-type]
+
+    def group_by_prefix(self, reqs: list[Req], min_shared: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Group requests that share at least `min_shared` leading slots (their locked tree nodes' common path):
+        returns an order of `reqs` (indices) that makes each group contiguous, and the groups as (first position
+        in that order, count, shared slots), every request in one group (a lone one: shared 0). Requests are
+        grouped by the first tree node at depth >= min_shared on their path; a group's shared length is its
+        members' common path, within what each uses of it. Host only."""
+        by_anchor: dict[int, list[int]] = {}
+        alone: list[int] = []
+        for i, r in enumerate(reqs):
+            anchor = self._anchor(r.last_node, min_shared) if r.cached_len >= min_shared else None
+            if anchor is None:
+                alone.append(i)
+            else:
+                by_anchor.setdefault(anchor, []).append(i)
+        order: list[int] = []
+        groups: list[tuple[int, int, int]] = []
+        for members in by_anchor.values():
+            if len(members) < 2:
+                alone.extend(members)
+                continue
+            shared = min(self.tree.common_prefix_depth([reqs[i].last_node for i in members]),  # type: ignore[misc]
+                         min(reqs[i].cached_len for i in members))
+            groups.append((len(order), len(members), shared))
+            order.extend(members)
+        for i in sorted(alone):
+            groups.append((len(order), 1, 0))
+            order.append(i)
+        return order, groups
+
+    def _anchor(self, node: TreeNode | None, min_depth: int) -> int | None:
+        """Id of the first node on the root..node path whose depth (in tokens) reaches min_depth."""
+        path = []
+        while node is not None and node is not self.tree.root:
+            path.append(node)
+            node = node.parent
+        depth = 0
+        for n in reversed(path):
+            depth += len(n)
+            if depth >= min_depth:
+                return n.id
+        return None
 
     def owned(self, reqs: list[Req]) -> int:
         return sum(r.kv_len - r.cached_len for r in reqs if r.req_pool_idx is not None)

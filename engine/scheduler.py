@@ -266,6 +266,8 @@ class Scheduler:
         batch, features = self._encode_media(batch)
         if not batch:
             return
+        order, groups = self._groups([item.req for item in batch])
+        batch = [batch[i] for i in order]  # requests sharing a cached prefix side by side
         reqs = [item.req for item in batch]
         ids: list[int] = []
         mm_rows: list[int] = []
@@ -285,6 +287,7 @@ class Scheduler:
             req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],
+            groups=groups,
             mm_rows=mm_rows or None,
             mm_embeds=torch.cat(mm_parts) if mm_parts else None,
         )
@@ -320,6 +323,16 @@ class Scheduler:
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
 
+    def _groups(self, reqs: list[Req]) -> tuple[list[int], list[tuple[int, int, int]] | None]:
+        """An order of the batch that puts requests sharing a cached prefix together, and those groups (see
+        KVManager.group_by_prefix); the identity and None when nothing can be shared."""
+        if len(reqs) < 2 or self.tree.disable:
+            return list(range(len(reqs))), None
+        order, groups = self.kv.group_by_prefix(reqs, MIN_SHARED_PREFIX)
+        if all(shared == 0 for _, _, shared in groups):
+            return list(range(len(reqs))), None
+        return order, groups
+
     def _encode_media(self, batch: list[PrefillItem]) -> tuple[list[PrefillItem], dict[str, torch.Tensor]]:
         """The encoder features of every image / video part this batch computes, by content hash: from the
         encoder cache, else one encoder pass per distinct item (then cached). A request whose image fails to
@@ -354,7 +367,7 @@ class Scheduler:
         only: their new slots are already in their rows, so count them in before releasing."""
         shared = self.kv.shared_prefix_len(reqs)
         spec.shared_len = shared if shared >= MIN_SHARED_PREFIX else 0
-        self.counters.cascade_batches += spec.shared_len > 0
+        self.counters.cascade_batches += spec.shared_len > 0 or any(g[2] for g in spec.groups or ())
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(spec)
@@ -402,13 +415,16 @@ class Scheduler:
         reqs = self._with(ReqStatus.RUNNING)
         if not reqs:
             return
+        order, groups = self._groups(reqs)
+        reqs = [reqs[i] for i in order]
         slots = self.kv.alloc(len(reqs))
         assert slots is not None, "decode room was ensured"
         rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
         dev = slots.device
         self.req_pool.write_points(torch.tensor(rows, device=dev), torch.tensor(kv_lens, device=dev), slots)
         spec = BatchSpec(input_ids=[r.output_ids[-1] for r in reqs], out_cache_loc=slots,
-                         req_pool_indices=rows, prefix_lens=kv_lens, extend_lens=[1] * len(reqs))  # type: ignore[arg-type]
+                         req_pool_indices=rows, prefix_lens=kv_lens, extend_lens=[1] * len(reqs),  # type: ignore[arg-type]
+                         groups=groups)
         hidden = self._forward(spec, reqs)
         if hidden is None:
             return

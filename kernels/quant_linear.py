@@ -90,7 +90,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xb = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (M, K)
+        xb = (x if x.dim() == 2 else x.reshape(-1, shape[-1])).to(torch.bfloat16)  # (M, K)
         if xb.shape[0] > self.small_m:
             y = nn.functional.linear(xb, self.weight_bf16)
         elif self.mode == "int8":
@@ -100,7 +100,7 @@ class QuantLinear(nn.Module):
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
-        return y.view(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.mode} <= {self.small_m} rows, bf16 above"

