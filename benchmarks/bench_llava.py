@@ -8,7 +8,9 @@ at a time (the paper's baseline). Every question is "<image> question" with gree
 tokens (ignore_eos). Reports questions/s, images/s and video frames/s, cache hit rate, and the ratios; writes
 JSON to benchmarks/results/<date>-<device>-llava.json. `--model tiny` builds tiny random checkpoints (the
 test fixtures' builder) for a CPU smoke figure; on a GPU pass a llava-hf checkpoint directory (random weights:
-`--random-weights`, which HF builds from the config too).
+or `dummy:llava-1.5-7b` / `dummy:llava-next-video-7b`, whose random weights HF builds from the same config too;
+their outputs are noise and do not agree: speed only). GPU, 7B shapes:
+    python3 benchmarks/bench_llava.py --model dummy:llava-1.5-7b --device cuda --tokenizer DIR --quantization auto
 """
 
 from __future__ import annotations
@@ -34,61 +36,91 @@ def _fixtures():
     return module
 
 
-def workload(n_images: int, n_questions: int, fx) -> tuple[list, list[str]]:
+def workload(n_images: int, n_questions: int, fx, model: str, tokenizer: str | None) -> tuple[list, list, dict]:
+    """Images, and per question its prompt token ids (the image token first); video questions likewise.
+    A real checkpoint's tokenizer makes the ids; a dummy model (random weights of a real shape, whose
+    vocabulary need not fit any tokenizer here) gets random ids of a real question's length."""
+    import numpy as np
+
+    from sgnb.engine.model_loader import load_tokenizer, resolve_model
+
+    source = resolve_model(model)
+    vs = source.config.vision
     images = [fx.smooth_image(48 + 8 * i, 40 + 4 * i, seed=i) for i in range(n_images)]
     topics = ["the colors", "the main shape", "the lighting", "the texture", "what is in the corner",
               "the mood", "the background", "anything unusual", "the symmetry", "the brightest part"]
-    questions = [f"<image>\nDescribe {topics[q % len(topics)]} of this picture in one sentence." for q in range(n_questions)]
-    return images, questions
+    texts = [f"Describe {topics[q % len(topics)]} of this picture in one sentence." for q in range(n_questions)]
+    vtexts = [f"What happens in frame {k + 1}?" for k in range(4)]
+    if source.dummy:
+        rng = np.random.default_rng(0)
+        encode = lambda t: rng.integers(100, min(source.config.vocab_size, 32000), 12).tolist()  # noqa: E731
+    else:
+        tok = load_tokenizer(source, tokenizer_path=tokenizer)
+        encode = lambda t: tok.encode("\n" + t)  # noqa: E731
+    questions = [[vs.image_token_index, *encode(t)] for t in texts]
+    video_qs = [[vs.video_token_index, *encode(t)] for t in vtexts] if vs.video_token_index is not None else []
+    return images, questions, {"video_questions": video_qs}
 
 
 def run_sgnb(model: str, device: str, images, questions, new_tokens: int, radix: bool, video: str | None,
-             frames: int, quantization: str = "none") -> dict:
+             frames: int, quantization: str = "none", video_qs: list | None = None,
+             tokenizer: str | None = None) -> dict:
     from sgnb.engine import Engine
 
-    eng = Engine(model, device=device, disable_radix_cache=not radix, quantization=quantization)
+    eng = Engine(model, device=device, disable_radix_cache=not radix, quantization=quantization,
+                 tokenizer_path=tokenizer)
     try:
         sp = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
-        eng.generate(questions[0], {**sp, "max_new_tokens": 1}, image_data=images[0])  # warm up
-        eng.flush_cache()
+        eng.generate(input_ids=questions[0], sampling_params={**sp, "max_new_tokens": 1}, image_data=images[0])
+        eng.flush_cache()  # warmed up; the encoder cache starts empty too
         eng.scheduler.encoder_cache = type(eng.scheduler.encoder_cache)(eng.scheduler.encoder_cache.max_bytes)
+        encoded0 = eng.scheduler.counters.encoded_items
         prompts = [q for _ in images for q in questions]
         data = [img for img in images for _ in questions]
         c0 = dict(eng.get_stats())
         t0 = time.perf_counter()
-        outs = eng.generate(prompts, sp, image_data=data)
+        outs = eng.generate(input_ids=prompts, sampling_params=sp, image_data=data)
         wall = time.perf_counter() - t0
         c1 = eng.get_stats()
         row = {"questions": len(prompts), "seconds": round(wall, 3), "questions_per_s": round(len(prompts) / wall, 3),
                "images_per_s": round(len(images) / wall, 3),
                "cache_hit_rate": round((c1["cached_tokens"] - c0["cached_tokens"])
                                        / max(c1["prompt_tokens"] - c0["prompt_tokens"], 1), 4),
-               "vision_passes": eng.scheduler.counters.encoded_items,
+               "vision_passes": eng.scheduler.counters.encoded_items - encoded0,
                "output_ids": [o["output_ids"] for o in outs]}
-        if video:
-            vq = [f"<video>\nWhat happens in frame {k + 1}?" for k in range(4)]
+        if video and video_qs:
             t0 = time.perf_counter()
-            eng.generate(vq, sp, video_data=[(video, frames)] * len(vq))
+            eng.generate(input_ids=video_qs, sampling_params=sp, video_data=[(video, frames)] * len(video_qs))
             vwall = time.perf_counter() - t0
-            row["video"] = {"questions": len(vq), "frames": frames, "seconds": round(vwall, 3),
-                            "frames_per_s": round(frames / vwall, 2), "questions_per_s": round(len(vq) / vwall, 3)}
+            row["video"] = {"questions": len(video_qs), "frames": frames, "seconds": round(vwall, 3),
+                            "frames_per_s": round(frames / vwall, 2),
+                            "questions_per_s": round(len(video_qs) / vwall, 3)}
         return row
     finally:
         eng.shutdown()
 
 
 def run_hf(model_dir: str, device: str, images, questions, new_tokens: int, fx) -> dict:
-    """HF transformers generate, one question at a time, on the same checkpoint and the same pixel values."""
+    """HF transformers generate, one question at a time, on the same checkpoint (or, for a dummy model, HF's own
+    random weights of the same shape) and the same pixel values."""
     import torch
 
-    from sgnb.engine.model_loader import load_tokenizer, resolve_model
+    from sgnb.engine.model_loader import resolve_model
     from sgnb.engine.multimodal import MultimodalProcessor
 
     source = resolve_model(model_dir)
     kind = source.config.vision.kind
-    hf = fx.hf_model_class(kind).from_pretrained(model_dir).to(device).eval()
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    if source.dummy:  # random weights of the same shape, made by HF itself: a speed baseline
+        import transformers
+
+        cfg_cls = {"llava": transformers.LlavaConfig, "llava_next": transformers.LlavaNextConfig,
+                   "llava_next_video": transformers.LlavaNextVideoConfig}[kind]
+        with torch.device(device):
+            hf = fx.hf_model_class(kind)._from_config(cfg_cls(**source.config.to_hf_dict()), torch_dtype=dtype).eval()
+    else:
+        hf = fx.hf_model_class(kind).from_pretrained(model_dir, torch_dtype=dtype).to(device).eval()
     proc = MultimodalProcessor(source)
-    tok = load_tokenizer(source)
     image_id = source.config.vision.image_token_index
     outs = []
     t0 = time.perf_counter()
@@ -96,10 +128,11 @@ def run_hf(model_dir: str, device: str, images, questions, new_tokens: int, fx) 
         for q in questions:
             item = proc.image(img)  # per question, as a stateless caller does
             ids = []
-            for t in tok.encode(q):
+            for t in q:
                 ids.extend([t] * item.num_tokens if t == image_id else [t])
             inputs = {"input_ids": torch.tensor([ids], device=device),
-                      "pixel_values": (item.pixel_values if kind == "llava" else item.pixel_values[None]).to(device)}
+                      "pixel_values": (item.pixel_values if kind == "llava" else item.pixel_values[None])
+                      .to(device, dtype)}
             if kind != "llava":
                 inputs["image_sizes"] = torch.tensor([item.extra["image_size"]], device=device)
             with torch.no_grad():
@@ -113,7 +146,10 @@ def run_hf(model_dir: str, device: str, images, questions, new_tokens: int, fx) 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="tiny", help="'tiny' (random tiny checkpoints) or an HF llava dir")
+    ap.add_argument("--model", default="tiny",
+                    help="'tiny' (random tiny checkpoints), an HF llava dir, or dummy:llava-1.5-7b (random weights "
+                         "on both sides; with --tokenizer for the text)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer dir (tokenizer_path) for a dummy model")
     ap.add_argument("--kind", default="llava_next", choices=["llava", "llava_next"], help="with --model tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--images", type=int, default=4)
@@ -131,18 +167,22 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="bench-llava-")
     model = str(fx.make_llava(Path(tmp), args.kind)) if args.model == "tiny" else args.model
     video_model = str(fx.make_llava(Path(tmp), "llava_next_video")) if args.model == "tiny" else None
+    if video_model is None and "video" in model:
+        video_model = model
     video = str(fx.write_video(Path(tmp) / "clip.mp4", frames=24)) if video_model else None
-    images, questions = workload(args.images, args.questions, fx)
+    images, questions, extra = workload(args.images, args.questions, fx, model, args.tokenizer)
+    q = args.quantization
     rows = {
-        "sgnb": run_sgnb(model, args.device, images, questions, args.new_tokens, True, None, args.frames,
-                         args.quantization),
-        "sgnb-no-radix": run_sgnb(model, args.device, images, questions, args.new_tokens, False, None, args.frames,
-                                  args.quantization),
+        "sgnb": run_sgnb(model, args.device, images, questions, args.new_tokens, True, None, args.frames, q,
+                         tokenizer=args.tokenizer),
+        "sgnb-no-radix": run_sgnb(model, args.device, images, questions, args.new_tokens, False, None, args.frames, q,
+                                  tokenizer=args.tokenizer),
         "hf-transformers": run_hf(model, args.device, images, questions, args.new_tokens, fx),
     }
     if video_model:
-        rows["sgnb-video"] = run_sgnb(video_model, args.device, images[:1], questions[:1], args.new_tokens, True,
-                                      video, args.frames, args.quantization)["video"]
+        vimages, vquestions, vextra = workload(1, 1, fx, video_model, args.tokenizer)
+        rows["sgnb-video"] = run_sgnb(video_model, args.device, vimages, vquestions, args.new_tokens, True, video,
+                                      args.frames, q, vextra["video_questions"], args.tokenizer)["video"]
     agree = sum(a == b for a, b in zip(rows["sgnb"]["output_ids"], rows["hf-transformers"]["output_ids"]))
     for r in rows.values():
         r.pop("output_ids", None)
