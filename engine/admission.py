@@ -29,6 +29,7 @@ def reserve(req: Req, new_token_ratio: float) -> int:
 class PrefillItem:
     req: Req
     extend: int  # tokens this round computes, from req.kv_len
+    rider: bool = False  # a running request's decode step riding along (its one new token)
 
 
 class Added(enum.Enum):
@@ -93,6 +94,14 @@ class PrefillAdder:
             self.tree.record_hit(match.last_node, req.rid)
         self._take(req, ext, finishes=ext == total)
         return Added.YES
+
+    def add_riders(self, running: list[Req]) -> None:
+        """Running requests decode their next token in this batch too (a mixed batch), as long as a slot each
+        can be had without evicting: they need not wait for the prefill round to end."""
+        for req in running:
+            if self.kv.kv_pool.available < 1 or not self.kv.alloc_extend(req, 1):
+                return
+            self.items.append(PrefillItem(req, 1, rider=True))
 
     def _take(self, req: Req, ext: int, finishes: bool) -> None:
         self.items.append(PrefillItem(req, ext))

@@ -38,6 +38,8 @@ class EngineConfig:
     quantization: str = "auto"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
+    # running requests decode in the same forward as a prefill round (a mixed batch) instead of waiting for it
+    disable_mixed_batches: bool = False
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1

@@ -649,6 +649,7 @@ class Engine:
             "forward_seconds": c.forward_seconds,
             "decode_seconds": c.decode_seconds,
             "cascade_batches": c.cascade_batches,
+            "mixed_batches": c.mixed_batches,
             "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
             "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
             "kv_total": pool.size,

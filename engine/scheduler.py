@@ -61,6 +61,7 @@ class Counters:
     forward_seconds: float = 0.0
     decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
     cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
+    mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, generated, prefilled)
@@ -228,6 +229,8 @@ class Scheduler:
         for item in adder.items:  # what each request does after this round
             done = item.req.kv_len + item.extend == len(item.req.fill_ids)
             item.req.status = ReqStatus.RUNNING if done else ReqStatus.CHUNKED
+        if adder.items and running and not self.config.disable_mixed_batches:
+            adder.add_riders(running)
         if not adder.items and self.waiting and not self.active and not compiling:
             # nothing runs and nothing will free memory: the head request can never fit
             req = self.waiting.pop(0)
@@ -309,7 +312,8 @@ class Scheduler:
                     self._input_logprobs(r, hidden, offset, item.extend, start)
                 r.kv_len = start + item.extend
                 r.new_slots = None
-                self.kv.cache_unfinished(r)  # share what is computed (a chunk, or the whole prompt)
+                if not item.rider:  # share what is computed (a chunk, or the whole prompt)
+                    self.kv.cache_unfinished(r)
                 if r.kv_len == len(r.fill_ids):
                     r.input_logprobs_done = True
                     if r.remaining_new_tokens() <= 0:
@@ -322,6 +326,9 @@ class Scheduler:
             offset += item.extend
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
+        if any(item.rider for item in batch):
+            self.counters.mixed_batches += 1
+            self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
 
     def _groups(self, reqs: list[Req]) -> tuple[list[int], list[tuple[int, int, int]] | None]:
         """An order of the batch that puts requests sharing a cached prefix together, and those groups (see

@@ -487,3 +487,30 @@ def test_batch_with_two_shared_prefixes_reads_each_once(engine, hf_logprobs):
         ref = hf_logprobs(prompt + o["output_ids"])
         for step, (lp, tok, _) in enumerate(o["meta_info"]["output_token_logprobs"]):
             assert abs(lp - ref[len(prompt) - 1 + step, tok].item()) < TOL, step
+
+
+def test_running_requests_ride_along_with_a_prefill(engine, hf_logprobs):
+    """A request admitted while others decode shares their forward (a mixed batch): the decoding ones advance
+    in the prefill round instead of waiting for it, and every logprob still equals HF's."""
+    import threading
+
+    engine.flush_cache()
+    first = _ids(engine, PROMPT)
+    late = _ids(engine, "A second, unrelated prompt arrives while the first one decodes its answer.")
+    sp = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    outs: dict[str, dict] = {}
+    before, generated = engine.get_stats()["mixed_batches"], engine.get_stats()["generated_tokens"]
+    t = threading.Thread(target=lambda: outs.update(a=engine.generate(input_ids=first, sampling_params=sp,
+                                                                        return_logprob=True)))
+    t.start()
+    deadline = time.time() + 30
+    while engine.get_stats()["generated_tokens"] < generated + 3 and time.time() < deadline:
+        time.sleep(0.005)
+    outs["b"] = engine.generate(input_ids=late, sampling_params={**sp, "max_new_tokens": 4}, return_logprob=True)
+    t.join()
+    assert engine.get_stats()["mixed_batches"] > before  # the first request decoded in the second's prefill
+    for prompt, o in ((first, outs["a"]), (late, outs["b"])):
+        ref = hf_logprobs(prompt + o["output_ids"])
+        for step, (lp, tok, _) in enumerate(o["meta_info"]["output_token_logprobs"]):
+            assert abs(lp - ref[len(prompt) - 1 + step, tok].item()) < TOL, step
+    assert outs["a"]["meta_info"]["decode_steps"] == 24
