@@ -3,7 +3,8 @@
     python3 benchmarks/bench_attention.py [--backends torch,triton,flashinfer] [--quick] [--out FILE]
 
 Part 1, one layer through each backend's own API (init_forward_metadata once, attend timed; the KV pool holds
-scattered page-size-1 slots, as the engine's does): decode at batch 1/8/64/256 over contexts 1k and 4k, prefill
+scattered page-size-1 slots, as the engine's does; decode also inside a CUDA graph through the backend's graph
+hooks, `graph_ms`: what the engine's decode graphs run): decode at batch 1/8/64/256 over contexts 1k and 4k, prefill
 of 8 x 1k fresh tokens and of 8 x 128 new tokens over 1k cached ones, for Llama-2-7B heads (32 q / 32 kv, d 128)
 and Llama-3-8B heads (32 / 8). Floors: decode reads every request's K and V once, bytes / the measured copy
 bandwidth (--bandwidth); prefill is bound by its attention FLOPs (causal QK^T and PV) / the measured bf16 matmul
@@ -11,8 +12,10 @@ rate (--matmul). Reported as measured / floor. Every backend's output is checked
 (max abs error) on the same inputs first.
 
 Part 2, the engine (`--engine`): decode step of `dummy:llama-2-7b` (bf16, random weights) at batch 1/8/64 with
-~1k-token prompts, per backend, vs its floor (weight bytes + KV bytes read per step / bandwidth). No CUDA graphs
-yet: this is the eager engine. Writes one JSON (stdout, and --out).
+~1k-token prompts, per backend, with the decode CUDA graphs (captured at engine start: the capture time is
+reported) and eagerly (`--graphs on,off`), vs its floor (weight bytes + KV bytes read per step / bandwidth).
+A step is the scheduler's whole decode round (forward, logits, sampling, bookkeeping). Writes one JSON (stdout,
+and --out).
 """
 
 from __future__ import annotations
@@ -54,6 +57,31 @@ class _Layer:
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
+
+
+GRAPH_REPEATS = 20  # attend calls per captured graph: per-call time without launch gaps, as in a model's graph
+
+
+def _graph_attend_ms(be, fb, q, layer, max_kv: int, ref, iters: int) -> tuple[float, float]:
+    """A decode batch's attention through the backend's CUDA-graph hooks: GRAPH_REPEATS calls captured in one
+    graph, replayed; (ms per call, max |out - ref|)."""
+    import torch
+
+    be.init_cuda_graph_state(fb.batch_size, max_kv)
+    be.init_capture_metadata(fb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        be.attend(q, layer, fb)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        outs = [be.attend(q, layer, fb) for _ in range(GRAPH_REPEATS)]
+    be.init_replay_metadata(fb)
+    graph.replay()
+    torch.cuda.synchronize()
+    err = (outs[-1].float() - ref).abs().max().item()
+    return _time_ms(graph.replay, iters=iters) / GRAPH_REPEATS, err
 
 
 def layer_case(backends: list[str], heads: tuple[int, int, int], prefix: list[int], extend: list[int],
@@ -111,6 +139,10 @@ def layer_case(backends: list[str], heads: tuple[int, int, int], prefix: list[in
             ms = _time_ms(lambda be=be, fb=fb: be.attend(q, layer, fb), iters=args.iters)
             row[name] = {"ms": round(ms, 4), "x_floor": round(ms / floor_ms, 2), "max_err_vs_first": round(err, 5),
                          "metadata_ms_first": round(plan_ms, 2)}
+            if set(extend) == {1} and be.supports_cuda_graph:
+                gms, gerr = _graph_attend_ms(be, fb, q, layer, total, ref, args.iters)
+                row[name].update(graph_ms=round(gms, 4), graph_x_floor=round(gms / floor_ms, 2),
+                                 graph_max_err_vs_first=round(gerr, 5))
         except Exception as e:  # a backend that cannot run here is reported, not fatal
             row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -118,43 +150,69 @@ def layer_case(backends: list[str], heads: tuple[int, int, int], prefix: list[in
 
 
 def engine_cases(backend: str, batches: list[int], args: argparse.Namespace) -> list[dict]:
-    """Decode step of the eager engine at steady batches: wall time per decode round (forward, sampling,
-    bookkeeping), one engine per backend."""
+    """Decode step of the engine at steady batches: wall time per decode round (forward, sampling,
+    bookkeeping), one engine per backend; with its CUDA graphs, then without (the same engine, graphs set aside)."""
     import torch
 
     from sgnb.engine import Engine
 
     biggest = max(batches)
+    modes = args.graphs.split(",")
+    t0 = time.perf_counter()
     eng = Engine(args.model, device="cuda", dtype="bfloat16", attention_backend=backend, tokenizer_path=args.tokenizer,
-                 max_total_tokens=biggest * (args.context + args.steps + 64) + 1024)
+                 max_total_tokens=biggest * (args.context + args.steps + 64) + 1024,
+                 disable_cuda_graph="on" not in modes)
+    init_s = time.perf_counter() - t0
+    graphs = eng.runner.graphs
     rows = []
+    if graphs is not None:
+        rows.append({"backend": eng.runner.attention_backend, "engine_init_s": round(init_s, 1),
+                     "cuda_graph_capture_s": round(graphs.capture_seconds, 2), "graph_batch_sizes": len(graphs.sizes)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     try:
-        cfg = eng.source.config
-        weights = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
-        sp = {"max_new_tokens": args.steps, "temperature": 0, "ignore_eos": True}
-        g = torch.Generator().manual_seed(0)
-        eng.generate(input_ids=[[5, 6, 7, 8] * 16] * 2, sampling_params={**sp, "max_new_tokens": 4})  # warm up
-        for batch in batches:
-            eng.flush_cache()
-            prompts = [torch.randint(100, cfg.vocab_size, (args.context,), generator=g).tolist() for _ in range(batch)]
-            # the same shapes once untimed: Triton compiles a kernel per new specialization (batch 1, ...)
-            eng.generate(input_ids=[p[:-8] for p in prompts], sampling_params={**sp, "max_new_tokens": 8})
-            eng.flush_cache()
-            c = eng.scheduler.counters
-            steps0, t0 = c.decode_steps, c.decode_seconds
-            eng.generate(input_ids=prompts, sampling_params=sp)
-            ms = (c.decode_seconds - t0) / max(c.decode_steps - steps0, 1) * 1e3
-            kv = batch * (args.context + args.steps / 2) * 2 * cfg.num_hidden_layers * cfg.kv_size * 2
-            floor = (weights + kv) / args.bandwidth * 1e3
-            rows.append({"backend": eng.runner.attention_backend, "batch": batch, "context": args.context,
-                         "decode_step_ms": round(ms, 2), "floor_ms": round(floor, 2), "x_floor": round(ms / floor, 2),
-                         "tokens_per_s": round(batch / ms * 1e3, 1)})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        for mode in modes:
+            eng.runner.graphs = graphs if mode == "on" else None
+            rows += _engine_batches(eng, batches, mode, args)
     finally:
         eng.shutdown()
-        del eng
+        del eng, graphs
         gc.collect()  # the next backend's engine needs this one's weights and KV pool gone
         torch.cuda.empty_cache()
+    return rows
+
+
+def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace) -> list[dict]:
+    """Steady decode rounds at each batch size, timed from the scheduler's counters."""
+    import torch
+
+    rows = []
+    cfg = eng.source.config
+    weights = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
+    sp = {"max_new_tokens": args.steps, "temperature": 0, "ignore_eos": True}
+    g = torch.Generator().manual_seed(0)
+    eng.generate(input_ids=[[5, 6, 7, 8] * 16] * 2, sampling_params={**sp, "max_new_tokens": 4})  # warm up
+    for batch in batches:
+        eng.flush_cache()
+        prompts = [torch.randint(100, cfg.vocab_size, (args.context,), generator=g).tolist() for _ in range(batch)]
+        # the same shapes once untimed: Triton compiles a kernel per new specialization (batch 1, ...)
+        eng.generate(input_ids=[p[:-8] for p in prompts], sampling_params={**sp, "max_new_tokens": 8})
+        eng.flush_cache()
+        c = eng.scheduler.counters
+        steps0, t0 = c.decode_steps, c.decode_seconds
+        eng.generate(input_ids=prompts, sampling_params=sp)
+        ms = (c.decode_seconds - t0) / max(c.decode_steps - steps0, 1) * 1e3
+        kv = batch * (args.context + args.steps / 2) * 2 * cfg.num_hidden_layers * cfg.kv_size * 2
+        floor = (weights + kv) / args.bandwidth * 1e3
+        rows.append({"backend": eng.runner.attention_backend, "cuda_graph": mode, "batch": batch,
+                     "context": args.context, "decode_step_ms": round(ms, 2), "floor_ms": round(floor, 2),
+                     "x_floor": round(ms / floor, 2), "tokens_per_s": round(batch / ms * 1e3, 1)})
+        graphs = eng.runner.graphs
+        if graphs is not None:  # the captured forward alone (GPU time); the rest of the step is the host's
+            bs = min(s for s in graphs.sizes if s >= batch)
+            graphs.static[bs].loc.fill_(graphs.scratch_slot)  # replays of stale inputs write only scratch
+            fwd = _time_ms(graphs.graphs[bs].replay, iters=20)
+            rows[-1].update(graph_forward_ms=round(fwd, 2), outside_graph_ms=round(ms - fwd, 2))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
@@ -172,6 +230,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--engine-batches", default="1,8,64")
+    ap.add_argument("--graphs", default="on,off", help="engine decode with CUDA graphs (on), eagerly (off), or both")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 

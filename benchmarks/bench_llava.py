@@ -98,6 +98,19 @@ def run_sgnb(model: str, device: str, images, questions, new_tokens: int, radix:
         return row
     finally:
         eng.shutdown()
+        del eng
+        _release(device)
+
+
+def _release(device: str) -> None:
+    """Give a finished system's GPU memory back before the next one loads its 7B weights."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def run_hf(model_dir: str, device: str, images, questions, new_tokens: int, fx) -> dict:

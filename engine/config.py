@@ -6,8 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-# auto: flashinfer on CUDA when importable, else triton on CUDA; torch on CPU (engine/attention/base.py)
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+# auto: hybrid (flashinfer prefill + triton decode) on CUDA when flashinfer is importable, else triton on CUDA;
+# torch on CPU (engine/attention/base.py)
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer", "hybrid")
 # CPU weight quantization (kernels/quant_linear.py); auto = CPU_DEFAULT_QUANTIZATION on CPU, none on GPU
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
@@ -40,6 +41,11 @@ class EngineConfig:
     disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
     # running requests decode in the same forward as a prefill round (a mixed batch) instead of waiting for it
     disable_mixed_batches: bool = False
+    # CUDA: decode rounds replay CUDA graphs captured at engine start for batch sizes 1, 2, 4, 8, 16, 24, ...
+    # up to cuda_graph_max_bs (None -> min(256, max_running_requests)); a bigger batch runs eagerly.
+    # disable_cuda_graph=True runs every forward eagerly (ablation). Needs the triton or flashinfer backend.
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
@@ -71,6 +77,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
         if self.chunked_prefill_size < 1 or self.max_prefill_tokens < 1:
             raise ValueError("chunked_prefill_size and max_prefill_tokens must be positive")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
 

@@ -631,6 +631,7 @@ class Engine:
             "model": self.source.name,
             "device": self.runner.placement,
             "attention_backend": self.runner.attention_backend,
+            "cuda_graph": self.runner.graphs.describe() if self.runner.graphs else None,
             "quantization": self.runner.quantization,
             "tp_size": self.config.tp_size,
             "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),

@@ -77,13 +77,17 @@ class ReqToTokenPool:
 
 
 class KVCache:
-    """Per-layer K/V buffers of shape (num_slots + 1, num_kv_heads, head_dim): the storage of every slot."""
+    """Per-layer K/V buffers of shape (num_slots + 2, num_kv_heads, head_dim): the storage of every slot.
+
+    Slot 0 stays zero (it pads gathers); slot num_slots + 1 (`scratch_slot`) is never handed out either: the
+    padding rows of a CUDA-graph batch write their K/V there."""
 
     def __init__(
         self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, device: torch.device,
     ) -> None:
-        shape = (num_slots + 1, num_kv_heads, head_dim)
+        self.scratch_slot = num_slots + 1
+        shape = (num_slots + 2, num_kv_heads, head_dim)
         # empty, not zeros: a large pool is never touched before use, so it costs no start-up time
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -5,6 +5,7 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
 - `forward(spec)` runs a BatchSpec (writing its K/V) and returns its hidden states, opaque to the caller except
   for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
 - `attention_backend`: the name of the attention backend the model runs with;
+- `graphs`: the decode CUDA graphs (engine/cuda_graph.py) when they run, else None;
 - `encode(item)`: encoder features of an image or video (multimodal models);
 - `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
 """
@@ -20,6 +21,7 @@ import torch
 
 from sgnb.engine.attention import make_attention_backend
 from sgnb.engine.config import EngineConfig
+from sgnb.engine.cuda_graph import DEFAULT_MAX_BS, DecodeGraphs
 from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_config import ModelConfig
@@ -76,6 +78,7 @@ class Runner(Protocol):
     device: torch.device
     placement: str
     attention_backend: str
+    graphs: DecodeGraphs | None
     quantization: str
     context_length: int
     kv_pool: KVPool
@@ -138,11 +141,24 @@ class ModelRunner:
         self.attn = make_attention_backend(config.attention_backend, self.kv_cache, mcfg.num_attention_heads,
                                            mcfg.num_key_value_heads, mcfg.head_dim, self.device)
         self.attention_backend = self.attn.name
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.disable_cuda_graph:
+            if self.attn.supports_cuda_graph:
+                max_bs = min(config.cuda_graph_max_bs or DEFAULT_MAX_BS, config.max_running_requests)
+                pad_row = self.req_pool.alloc()  # never a request's: the graphs' padding rows read it
+                assert pad_row is not None
+                self.graphs = DecodeGraphs(self.model, self.attn, self.req_pool.req_to_token, pad_row,
+                                           self.kv_cache.scratch_slot, max_bs, self.kv_pool.size, self.device)
+            else:
+                log.info("decode runs without CUDA graphs: the %s attention backend has no graph hooks",
+                         self.attention_backend)
         log.info("model %s on %s/%s (weights: %s), KV pool %d tokens, attention %s", source.name, self.device,
                  self.dtype, self.quantization, self.kv_pool.size, self.attention_backend)
 
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""
+        if self.graphs is not None and self.graphs.can_run(spec):
+            return self.graphs.replay(spec)
         fb = ForwardBatch.build(spec, self.req_pool.req_to_token, self.device)
         fb.attn_backend = self.attn
         self.attn.init_forward_metadata(fb)

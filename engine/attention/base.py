@@ -12,8 +12,13 @@ fb.shared_len > 0 the first shared_len slots of every request are identical and 
 the whole batch (cascade). `forward` must not read the device (no syncs): everything it needs on the host is in
 the ForwardBatch's *_cpu fields and in what init_forward_metadata computed.
 
-CUDA graphs (the decode runtime) add capture/replay hooks in the backends that support them; the torch
-reference never runs inside a graph.
+CUDA graphs (engine/cuda_graph.py) capture decode forwards over static ForwardBatches, one per batch size, and
+replay them. A backend that can run inside a graph sets `supports_cuda_graph` and gets three hooks:
+`init_cuda_graph_state(max_bs, max_kv_tokens)` once (static buffers), `init_capture_metadata(fb)` before a batch
+size's capture and `init_replay_metadata(fb)` before each replay, both outside the graph (a replay's fb holds
+the same tensors as the captured one, refilled in place; its *_cpu fields are current). The default hooks run
+`init_forward_metadata`, which suits a backend whose kernels read everything from fb's device tensors (triton).
+The torch reference reads host lengths inside `forward` and never runs inside a graph.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class AttentionBackend:
     """Base class: stores K/V through the cache; subclasses implement `init_forward_metadata` and `attend`."""
 
     name = "base"
+    supports_cuda_graph = False
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self.kv_cache = kv_cache
@@ -55,6 +61,17 @@ class AttentionBackend:
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Build what every layer of this forward shares (index tensors, plans) into fb.attn_metadata."""
+
+    def init_cuda_graph_state(self, max_bs: int, max_kv_tokens: int) -> None:
+        """Static buffers for graphs of up to max_bs requests over up to max_kv_tokens keys in all."""
+
+    def init_capture_metadata(self, fb: ForwardBatch) -> None:
+        """fb.attn_metadata for capturing a decode graph at fb.batch_size (outside the graph)."""
+        self.init_forward_metadata(fb)
+
+    def init_replay_metadata(self, fb: ForwardBatch) -> None:
+        """Refresh what the captured graph of fb.batch_size reads, for fb's current contents (outside it)."""
+        self.init_forward_metadata(fb)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
                 fb: ForwardBatch) -> torch.Tensor:
@@ -81,12 +98,12 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
     if name == "auto":
         if not cuda:
             return "torch"
-        return "flashinfer" if flashinfer_available() else "triton"
-    if name == "flashinfer":
+        return "hybrid" if flashinfer_available() else "triton"
+    if name in ("flashinfer", "hybrid"):
         if not cuda:
-            raise ValueError("attention_backend='flashinfer' needs a CUDA device")
+            raise ValueError(f"attention_backend={name!r} needs a CUDA device")
         if not flashinfer_available():
-            raise ValueError("attention_backend='flashinfer' needs FlashInfer: pip install 'sgnb[flashinfer]'")
+            raise ValueError(f"attention_backend={name!r} needs FlashInfer: pip install 'sgnb[flashinfer]'")
     if name == "triton" and not cuda:
         if not triton_interpreting():
             raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1, for tests)")
@@ -103,8 +120,10 @@ def make_attention_backend(name: str, kv_cache: KVCache, num_heads: int, num_kv_
         from sgnb.engine.attention.torch_backend import TorchAttention as cls
     elif resolved == "triton":
         from sgnb.engine.attention.triton_backend import TritonAttention as cls
-    else:
+    elif resolved == "flashinfer":
         from sgnb.engine.attention.flashinfer_backend import FlashInferAttention as cls
+    else:
+        from sgnb.engine.attention.hybrid_backend import HybridAttention as cls
     backend = cls(kv_cache, num_heads, num_kv_heads, head_dim)
     log.info("attention backend: %s (asked for %s, on %s)", resolved, name, device)
     return backend

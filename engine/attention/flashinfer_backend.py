@@ -5,6 +5,8 @@ full). Per forward, init_forward_metadata builds the flat KV index list on the d
 one wrapper with host-side indptrs (no device reads): batch decode (tensor cores when a KV head has > 4 query
 heads), batch prefill over the paged cache (causal, bottom-right aligned: new tokens last), or a two-level cascade
 when the batch shares a radix prefix (level 0: every query over the shared slots; level 1: each request's own).
+CUDA graphs: one decode wrapper per captured batch size in FlashInfer's graph mode, over shared static indptr /
+indices / last-page buffers; each replay re-plans it (host indptr, indices written on the device).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def _indptr(lens: list[int]) -> torch.Tensor:
 
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
+    supports_cuda_graph = True
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim)
@@ -52,6 +55,36 @@ class FlashInferAttention(AttentionBackend):
         self.cascade = flashinfer.MultiLevelCascadeAttentionWrapper(2, self.workspace, "NHD")
         # (S, Hkv, D) -> (S, 1, Hkv, D): one slot per page
         self.paged = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(kv_cache.k_buffers, kv_cache.v_buffers)]
+        self.use_tensor_cores = num_heads // num_kv_heads > 4
+        self.graph_wrappers: dict[int, object] = {}  # batch size -> decode wrapper in CUDA-graph mode
+
+    def init_cuda_graph_state(self, max_bs: int, max_kv_tokens: int) -> None:
+        dev = self.workspace.device
+        self.g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self.g_indices = torch.zeros(max_kv_tokens + max_bs, dtype=torch.int32, device=dev)
+        self.g_last_page = torch.ones(max_bs, dtype=torch.int32, device=dev)
+
+    def _plan_graph_decode(self, fb: ForwardBatch) -> None:
+        wrapper = self.graph_wrappers[fb.batch_size]
+        total = sum(fb.seq_lens_cpu)
+        indices = kv_indices(fb.req_to_token, fb.req_pool_indices, 0, fb.seq_lens, total)
+        wrapper.plan(_indptr(fb.seq_lens_cpu), indices, torch.ones(fb.batch_size, dtype=torch.int32),
+                     self.num_heads, self.num_kv_heads, self.head_dim, 1, q_data_type=self.dtype,
+                     kv_data_type=self.dtype)
+        fb.attn_metadata = wrapper
+
+    def init_capture_metadata(self, fb: ForwardBatch) -> None:
+        import flashinfer
+
+        bs = fb.batch_size
+        self.graph_wrappers[bs] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+            paged_kv_indptr_buffer=self.g_indptr[: bs + 1], paged_kv_indices_buffer=self.g_indices,
+            paged_kv_last_page_len_buffer=self.g_last_page[:bs])
+        self._plan_graph_decode(fb)
+
+    def init_replay_metadata(self, fb: ForwardBatch) -> None:
+        self._plan_graph_decode(fb)
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         B, L = fb.batch_size, fb.shared_len

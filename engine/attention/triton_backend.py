@@ -26,6 +26,7 @@ class _SharedPass(NamedTuple):
 
 class TritonAttention(AttentionBackend):
     name = "triton"
+    supports_cuda_graph = True  # decode reads lengths and slots from fb's device tensors only
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.shared_len == 0:

@@ -1,0 +1,45 @@
+"""FlashInfer for prefill, our Triton kernels for decode: what "auto" takes on CUDA when FlashInfer is there.
+
+Measured on an H200 (benchmarks/results/2026-12-01-gpu-graphs.json): FlashInfer's prefill (FA3 on Hopper) is
+~2x our extend kernel (8 x 1k fresh tokens, one layer: 0.235 vs 0.525 ms), while inside the decode CUDA graphs
+our split-K decode is as fast or faster at every batch size (Llama-3-8B heads, batch 8: 0.011 vs 0.029 ms) and
+needs no per-step host plan (FlashInfer's graph-mode plan cost ~1-5 ms of host time per decode step, batch
+1-64). Extend batches (prefill, mixed batches, jump-forward extends, cascades over a shared prefix) go to
+FlashInfer; decode batches, eager or in a graph, to Triton. Both read the same KV pool.
+"""
+
+from __future__ import annotations
+
+from sgnb.engine.attention.base import AttentionBackend, AttentionLayer
+from sgnb.engine.attention.flashinfer_backend import FlashInferAttention
+from sgnb.engine.attention.triton_backend import TritonAttention
+from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
+from sgnb.engine.kv_pool import KVCache
+
+
+class HybridAttention(AttentionBackend):
+    name = "hybrid"
+    supports_cuda_graph = True  # decode graphs run the Triton half
+
+    def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__(kv_cache, num_heads, num_kv_heads, head_dim)
+        self.prefill = FlashInferAttention(kv_cache, num_heads, num_kv_heads, head_dim)
+        self.decode = TritonAttention(kv_cache, num_heads, num_kv_heads, head_dim)
+
+    def _half(self, fb: ForwardBatch) -> AttentionBackend:
+        return self.decode if fb.mode is ForwardMode.DECODE else self.prefill
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        self._half(fb).init_forward_metadata(fb)
+
+    def init_cuda_graph_state(self, max_bs: int, max_kv_tokens: int) -> None:
+        self.decode.init_cuda_graph_state(max_bs, max_kv_tokens)
+
+    def init_capture_metadata(self, fb: ForwardBatch) -> None:
+        self.decode.init_capture_metadata(fb)
+
+    def init_replay_metadata(self, fb: ForwardBatch) -> None:
+        self.decode.init_replay_metadata(fb)
+
+    def attend(self, q, layer: AttentionLayer, fb: ForwardBatch):
+        return self._half(fb).attend(q, layer, fb)

@@ -1,0 +1,148 @@
+"""CUDA graphs for decode: the model's decode forward captured once per batch size, then replayed.
+
+Outside a graph a 7B decode step launches ~1,850 kernels at ~12 us of host time each, so the GPU idles most of
+a small batch's step. At engine start `DecodeGraphs` captures the forward (embedding, every layer, final norm;
+not the LM head) for a ladder of batch sizes (1, 2, 4, 8, 16, 24, 32, ... up to max_bs), every graph in one
+memory pool, largest first. Each size owns a static ForwardBatch: one int64 device buffer holding input ids,
+positions, request rows and sequence lengths (filled by one host-to-device copy per step) and the new tokens'
+KV slots. A batch of b requests replays the smallest captured size bs >= b; the bs - b padding rows read
+request row `pad_row` (never handed out, all zeros: one key, the zero slot 0) and write their K/V to the
+cache's scratch slot, so they touch nothing a request owns, and their outputs are dropped.
+
+What a graph cannot see: the batch's shared prefix (cascade) and groups. A replay reads every request's whole
+key range, which computes the same attention; cascade stays on the eager path (prefill, bigger batches).
+The attention backend provides the capture/replay hooks (engine/attention/base.py); the torch reference has
+none, so the graphs need the triton or flashinfer backend.
+
+`capture=False` (tests on the CPU) keeps the static buffers and padding but runs the forward eagerly on them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from sgnb.engine.forward_batch import BatchSpec, ForwardBatch, ForwardMode
+
+log = logging.getLogger("sgnb.engine")
+
+DEFAULT_MAX_BS = 256
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """The captured sizes: 1, 2, 4, 8, then every multiple of 8 up to max_bs (and max_bs itself)."""
+    sizes = [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs + 1, 8))
+    if not sizes or sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sorted(set(sizes))
+
+
+class _Static:
+    """One batch size's inputs: a (4, bs) int64 buffer (ids, positions, rows, seq lens), the KV slots, and the
+    ForwardBatch built over them (prefix_lens is positions: in decode they are equal)."""
+
+    def __init__(self, bs: int, req_to_token: torch.Tensor, pad_row: int, scratch_slot: int,
+                 device: torch.device, pin: bool) -> None:
+        self.bs = bs
+        self.host = torch.zeros(4, bs, dtype=torch.int64, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.host_np[2] = pad_row
+        self.host_np[3] = 1
+        self.buf = self.host.to(device)
+        self.copied = torch.cuda.Event() if pin else None  # the last host-to-device copy out of `host`
+        self.loc = torch.full((bs,), scratch_slot, dtype=torch.int64, device=device)
+        ids, pos, rows, seq = self.buf.unbind(0)
+        self.fb = ForwardBatch(
+            mode=ForwardMode.DECODE, batch_size=bs, num_tokens=bs, input_ids=ids, positions=pos,
+            out_cache_loc=self.loc, req_pool_indices=rows, prefix_lens=pos, seq_lens=seq,
+            qo_indptr=torch.arange(bs + 1, dtype=torch.int64, device=device),
+            req_pool_indices_cpu=[pad_row] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
+            seq_lens_cpu=[1] * bs, req_to_token=req_to_token)
+
+
+class DecodeGraphs:
+    """Captured decode forwards of `model` over `attn` for batch sizes up to max_bs (see the module docstring)."""
+
+    def __init__(self, model: Any, attn: Any, req_to_token: torch.Tensor, pad_row: int, scratch_slot: int,
+                 max_bs: int, max_kv_tokens: int, device: torch.device, capture: bool = True) -> None:
+        assert attn.supports_cuda_graph, f"the {attn.name} attention backend cannot run inside a CUDA graph"
+        self.model, self.attn, self.device, self.captured = model, attn, device, capture
+        self.pad_row, self.scratch_slot = pad_row, scratch_slot
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        pin = device.type == "cuda"
+        self.static = {bs: _Static(bs, req_to_token, pad_row, scratch_slot, device, pin) for bs in self.sizes}
+        for st in self.static.values():
+            st.fb.attn_backend = attn
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        attn.init_cuda_graph_state(self.max_bs, max_kv_tokens)
+        t0 = time.perf_counter()
+        if capture:
+            self._capture_all()
+        self.capture_seconds = time.perf_counter() - t0
+        if capture:
+            log.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(self.sizes), self.max_bs,
+                     self.capture_seconds)
+
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool memory
+            st = self.static[bs]
+            self.attn.init_capture_metadata(st.fb)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm up: compile kernels, settle allocator
+                for _ in range(2):
+                    self.model(st.fb)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=side):
+                self.outputs[bs] = self.model(st.fb)
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+
+    def can_run(self, spec: BatchSpec) -> bool:
+        return spec.mode is ForwardMode.DECODE and spec.batch_size <= self.max_bs and not spec.mm_rows
+
+    def replay(self, spec: BatchSpec) -> torch.Tensor:
+        """Hidden states (b, hidden) of a decode batch of b <= max_bs requests: a view into the graph's output,
+        valid until the next replay."""
+        b = spec.batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, b)]
+        st = self.static[bs]
+        if st.copied is not None:
+            st.copied.synchronize()  # the previous step's copy out of this host buffer is done (it always is)
+        h = st.host_np
+        prefix = np.asarray(spec.prefix_lens, dtype=np.int64)
+        h[0, :b] = spec.input_ids
+        h[1, :b] = prefix
+        h[2, :b] = spec.req_pool_indices
+        h[3, :b] = prefix + 1
+        h[:, b:] = ((0,), (0,), (self.pad_row,), (1,))
+        st.buf.copy_(st.host, non_blocking=True)
+        if st.copied is not None:
+            st.copied.record()
+        st.loc[:b].copy_(spec.out_cache_loc)
+        if b < bs:
+            st.loc[b:].fill_(self.scratch_slot)
+        fb = st.fb
+        fb.req_pool_indices_cpu = h[2].tolist()
+        fb.prefix_lens_cpu = h[1].tolist()
+        fb.seq_lens_cpu = h[3].tolist()
+        self.attn.init_replay_metadata(fb)
+        self.replays += 1
+        if not self.captured:
+            return self.model(fb)[:b]
+        self.graphs[bs].replay()
+        return self.outputs[bs][:b]
+
+    def describe(self) -> dict:
+        return {"batch_sizes": self.sizes, "capture_seconds": round(self.capture_seconds, 3),
+                "replays": self.replays, "captured": self.captured}
