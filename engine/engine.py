@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import numbers
 import queue
 import threading
 import time
@@ -306,11 +307,18 @@ class Engine:
             room = self.context_length - len(ids)
             if sp.max_new_tokens > room:
                 sp = dataclasses.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
-            start = int(starts[i])
+            vocab = self.source.config.vocab_size
+            start, top = starts[i], tops[i]
+            if not _strict_int(start) or start < -1:
+                raise ValueError(f"logprob_start_len={start!r}: must be an int >= -1")
             if lps[i] and start >= len(ids):
                 raise ValueError(f"logprob_start_len={start} must be < the prompt length {len(ids)} (or -1)")
-            if int(tops[i]) < 0:
-                raise ValueError("top_logprobs_num must be >= 0")
+            if not _strict_int(top) or not 0 <= top <= vocab:
+                raise ValueError(f"top_logprobs_num={top!r}: must be an int in [0, {vocab}] (the vocabulary)")
+            outside = [t for t in sp.stop_token_ids if t >= vocab]
+            if outside:
+                raise ValueError(f"sampling_params.stop_token_ids holds ids outside the vocabulary [0, {vocab}): "
+                                 f"{outside[:5]}")
             base = rids[i] or uuid.uuid4().hex[:12]
             for j in range(sp.n):
                 req = Req(base if sp.n == 1 else f"{base}-{j}", ids, dataclasses.replace(sp, n=1),
@@ -694,3 +702,7 @@ def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
                 end -= k
                 break
     return max(end, 0)
+
+
+def _strict_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
+
+_INTS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+_BOOLS = ("ignore_eos", "skip_special_tokens", "no_stop_trim")
+_STRS = ("regex", "json_schema", "ebnf")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,23 @@ class SamplingParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"sampling_params.{name}={getattr(self, name)!r}: {why}")
 
-        if self.max_new_tokens is None or self.max_new_tokens < 0:
+        # types first, strictly: 2.5 tokens or ignore_eos="yes" is a mistake to report, not a value to coerce
+        for name in _INTS:
+            if not _is_int(getattr(self, name)):
+                raise bad(name, "must be an int")
+        for name in _FLOATS:
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v):
+                raise bad(name, "must be a finite number")
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
+        for name in _STRS:
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise bad(name, "must be a string")
+        if self.seed is not None and not _is_int(self.seed):
+            raise bad("seed", "must be an int or null")
+        if self.max_new_tokens < 0:
             raise bad("max_new_tokens", "must be >= 0")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
             raise bad("min_new_tokens", "must be in [0, max_new_tokens]")
@@ -60,7 +87,7 @@ class SamplingParams:
             raise bad("n", "must be >= 1")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", "stop strings must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative ints")
         for pattern in self.stop_regex:
             try:
@@ -82,18 +109,19 @@ class SamplingParams:
         unknown = sorted(set(params) - names)
         if unknown:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; valid names: {sorted(names)}")
-        for key in ("stop", "stop_regex"):
+        for key in ("stop", "stop_regex", "stop_token_ids"):
             value = params.get(key)
             if value is None:
                 params.pop(key, None)
-            elif isinstance(value, str):
+            elif isinstance(value, str) and key != "stop_token_ids":
+                params[key] = (value,)
+            elif isinstance(value, (list, tuple)):
+                params[key] = tuple(value)
+            elif key == "stop_token_ids" and _is_int(value):
                 params[key] = (value,)
             else:
-                params[key] = tuple(value)
-        if params.get("stop_token_ids") is not None:
-            params["stop_token_ids"] = tuple(int(t) for t in params["stop_token_ids"])
-        else:
-            params.pop("stop_token_ids", None)
+                raise ValueError(f"sampling_params.{key}={value!r}: must be "
+                                 + ("a list of ints" if key == "stop_token_ids" else "a string or a list of strings"))
         # SGLang accepts None for "use the default" on most fields
         params = {k: v for k, v in params.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
         if isinstance(params.get("json_schema"), dict):

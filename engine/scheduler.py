@@ -32,7 +32,7 @@ from sgnb.engine.media import PLACEHOLDER_ID, EncoderCache, is_pad
 from sgnb.engine.model_runner import Runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
-from sgnb.engine.sampler import sample
+from sgnb.engine.sampler import SampleOutput, sample
 from sgnb.engine.schedule_policy import order_waiting
 from sgnb.engine.tokenizer import Tokenizer
 
@@ -469,10 +469,13 @@ class Scheduler:
         try:
             out = sample(self.runner.logits(hidden, rows), reqs, self.eos_ids, self.generator,
                          self._grammar_mask(reqs))
-        except Exception as e:  # e.g. a penalty on a bad token id: fails this batch, not the engine
-            for r in reqs:
-                self._fail(r, e)
-            return
+        except Exception:  # something one request asked for that validation did not foresee: find it
+            out = self._sample_one_by_one(reqs, hidden, rows)
+            keep = [i for i, r in enumerate(reqs) if not r.finished]
+            reqs = [reqs[i] for i in keep]
+            out = SampleOutput([out.token_ids[i] for i in keep],
+                               None if out.logprobs is None else [out.logprobs[i] for i in keep],
+                               None if out.top_logprobs is None else [out.top_logprobs[i] for i in keep])
         now = time.perf_counter()
         self.counters.generated_tokens += len(reqs)
         self.counters.recent.append((now, len(reqs), 0))
@@ -496,6 +499,29 @@ class Scheduler:
                     r.on_update(r)
             except Exception as e:
                 self._fail(r, e)
+
+    def _sample_one_by_one(self, reqs: list[Req], hidden: Any, rows: list[int] | None) -> SampleOutput:
+        """The batch's sampling again, each request alone (its own logits row): a request whose sampling raises
+        fails by itself, the others get their tokens. Failed requests are finished; their entries are
+        placeholders the caller drops."""
+        ids: list[int] = []
+        lps: list[float | None] = []
+        tops: list[list[tuple[float, int]] | None] = []
+        for i, r in enumerate(reqs):
+            row = i if rows is None else rows[i]
+            try:
+                one = sample(self.runner.logits(hidden, [row]), [r], self.eos_ids, self.generator,
+                             self._grammar_mask([r]))
+            except Exception as e:
+                self._fail(r, e)
+                ids.append(-1)
+                lps.append(None)
+                tops.append(None)
+                continue
+            ids.append(one.token_ids[0])
+            lps.append(one.logprobs[0] if one.logprobs else None)
+            tops.append(one.top_logprobs[0] if one.top_logprobs else None)
+        return SampleOutput(ids, lps, tops)
 
     def _grammar_mask(self, reqs: list[Req]) -> Callable[[torch.Tensor], None] | None:
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]

@@ -272,6 +272,20 @@ def test_prompt_larger_than_pool_is_rejected():
         ({"sampling_params": {"max_tokens": 3}}, TypeError, "max_tokens"),
         ({"prompt": None, "input_ids": [1, 2, 10**9]}, ValueError, "vocabulary"),
         ({"return_logprob": True, "logprob_start_len": 999}, ValueError, "logprob_start_len"),
+        # strict types: a mistake is reported with the field's name, never coerced
+        ({"sampling_params": {"max_new_tokens": 2.5}}, ValueError, "max_new_tokens=2.5: must be an int"),
+        ({"sampling_params": {"max_new_tokens": True}}, ValueError, "max_new_tokens"),
+        ({"sampling_params": {"top_k": 1.5}}, ValueError, "top_k"),
+        ({"sampling_params": {"seed": 1.5}}, ValueError, "seed"),
+        ({"sampling_params": {"ignore_eos": "yes"}}, ValueError, "ignore_eos='yes': must be true or false"),
+        ({"sampling_params": {"temperature": float("inf")}}, ValueError, "temperature"),
+        ({"sampling_params": {"temperature": "0.5"}}, ValueError, "temperature='0.5': must be a finite number"),
+        ({"sampling_params": {"stop_token_ids": ["5"]}}, ValueError, "stop_token_ids"),
+        ({"sampling_params": {"stop": 5}}, ValueError, "stop"),
+        ({"return_logprob": True, "logprob_start_len": 1.5}, ValueError, "logprob_start_len"),
+        # values the sampler cannot serve for this model: once, they raised inside a batch and aborted its others
+        ({"sampling_params": {"stop_token_ids": [10**6], "min_new_tokens": 2}}, ValueError, "vocabulary"),
+        ({"return_logprob": True, "top_logprobs_num": 10**6}, ValueError, "top_logprobs_num"),
     ],
 )
 def test_bad_input_is_rejected_before_model_work(engine, kwargs, exc, match):
@@ -300,6 +314,30 @@ def test_failure_inside_engine_fails_only_that_request(engine, monkeypatch):
     assert "injected fault" in outs[1]["meta_info"]["error"]
     assert [o["meta_info"]["completion_tokens"] for o in (outs[0], outs[2])] == [5, 5]
     monkeypatch.undo()
+    _assert_pool_consistent(engine)
+
+
+def test_a_failure_in_sampling_fails_only_its_request(engine, monkeypatch):
+    """A batch whose sampling raises (something validation did not foresee, injected here for one request) is
+    sampled again request by request: only that request fails; the others decode exactly as they would alone."""
+    import sgnb.engine.scheduler as scheduler_module
+
+    prompts = [PROMPT, PROMPT + " B", PROMPT + " C"]
+    sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    alone = [engine.generate(p, sp)["output_ids"] for p in prompts]
+    original = scheduler_module.sample
+
+    def faulty(logits, reqs, *args, **kwargs):
+        if any(r.rid.startswith("poison") for r in reqs):
+            raise IndexError("injected sampling fault")
+        return original(logits, reqs, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "sample", faulty)
+    outs = engine.generate(prompts, sp, rid=["ok-1", "poison-1", "ok-2"])
+    monkeypatch.undo()
+    assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "injected sampling fault" in outs[1]["meta_info"]["error"]
+    assert [outs[0]["output_ids"], outs[2]["output_ids"]] == [alone[0], alone[2]]
     _assert_pool_consistent(engine)
 
 

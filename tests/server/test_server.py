@@ -217,6 +217,13 @@ def test_chat_completions(client, engine):
     ({"input_ids": [1] * 9000}, None, "at most"),
     ({"text": PROMPT, "sampling_params": {"regex": "(unclosed"}}, None, "invalid regex"),
     ({"text": PROMPT, "sampling_params": {"json_schema": "[1]"}}, None, "JSON object"),
+    # strict types and the model's limits (issue 14): named, never coerced, refused before any model work
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 2.5}}, None, "max_new_tokens=2.5: must be an int"),
+    ({"text": PROMPT, "sampling_params": {"ignore_eos": "yes"}}, None, "ignore_eos"),
+    ({"text": PROMPT, "sampling_params": {"seed": 1.5}}, None, "seed"),
+    ({"text": PROMPT, "sampling_params": {"temperature": "hot"}}, None, "temperature='hot': must be a finite number"),
+    ({"text": PROMPT, "sampling_params": {"stop_token_ids": [10**7], "min_new_tokens": 1}}, None, "vocabulary"),
+    ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 10**6}, None, "top_logprobs_num"),
 ])
 def test_bad_native_requests_are_400(server, body, raw, needle):
     status, out = _post(server, "/generate", body, raw)
