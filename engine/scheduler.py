@@ -149,8 +149,11 @@ class Scheduler:
                     self._fail(req, e)
                 except Exception:  # state may be inconsistent after a crash: still wake the caller
                     req.finish_reason = {"type": "abort", "message": f"engine crashed: {e!r}"}
-                    if req.on_update is not None:
-                        req.on_update(req)
+                    try:
+                        if req.on_update is not None:
+                            req.on_update(req)
+                    except Exception:
+                        pass  # that caller is gone too
         finally:
             for fut in self._pending_flush:
                 fut.set_result(False)
@@ -495,8 +498,8 @@ class Scheduler:
                 self._check_finish(r, token)
                 if not r.finished and r.grammar is not None and not self.config.disable_jump_forward:
                     self._jump_forward(r)
-                if not r.finished and r.on_update is not None:
-                    r.on_update(r)
+                if not r.finished:
+                    self._notify(r)
             except Exception as e:
                 self._fail(r, e)
 
@@ -640,8 +643,23 @@ class Scheduler:
             c.requests_finished += 1
         self.events.emit("request", {"rid": req.rid, "state": "finished", "reason": reason["type"],
                                      "completion_tokens": len(req.output_ids)})
-        if req.on_update is not None:
-            req.on_update(req)
+        self._notify(req)
+
+    def _notify(self, req: Req) -> None:
+        """Tell the request's caller (its on_update callback). A caller that has gone away (a closed event loop:
+        a stopped notebook server thread; a broken queue) is detached and its request aborted, here in the
+        scheduler thread: a client's failure never reaches the engine or other requests."""
+        callback = req.on_update
+        if callback is None:
+            return
+        try:
+            callback(req)
+        except Exception as e:
+            req.on_update = None
+            log.warning("request %s: its caller's callback failed (%r); detached", req.rid, e)
+            if not req.finished:
+                self._finish(req, {"type": "abort", "message": f"the caller went away: {type(e).__name__}: {e}"},
+                             cache=False)
 
     def _fail(self, req: Req, exc: BaseException) -> None:
         log.warning("request %s failed: %r", req.rid, exc)

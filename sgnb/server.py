@@ -1118,8 +1118,16 @@ class ServerThread:
         except BaseException as e:  # reported by start()
             self._error = e
         finally:
-            loop.close()
-            self._sock.close()
+            try:  # requests still open (streams): cancel them, so that they abort their engine requests
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                self._sock.close()
 
     def start(self, timeout: float = 30.0) -> ServerThread:
         """Start serving and wait until GET /health answers 200."""

@@ -341,6 +341,44 @@ def test_a_failure_in_sampling_fails_only_its_request(engine, monkeypatch):
     _assert_pool_consistent(engine)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # closing the orphan, below
+def test_a_caller_whose_event_loop_closed_does_not_kill_the_engine(engine):
+    """A notebook's server thread stops (its event loop closes) with a stream in flight: the scheduler's next
+    callback hits the closed loop; the request is aborted and detached, the engine keeps serving."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def consume() -> None:
+        stream = await engine.async_generate(PROMPT, {"max_new_tokens": 400, "ignore_eos": True}, stream=True,
+                                             rid="orphan")
+        async for _ in stream:
+            pass
+
+    tasks = []
+    loop.call_soon_threadsafe(lambda: tasks.append(loop.create_task(consume())))
+    deadline = time.time() + 20
+    while engine.get_stats()["running"] == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.get_stats()["running"] == 1
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()  # what a stopped server thread leaves behind
+    while engine.scheduler.busy and time.time() < deadline:
+        time.sleep(0.01)
+    assert not engine.scheduler.busy, "the orphaned request should have been aborted"
+    assert engine.scheduler.fatal is None
+    assert engine.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
+    _assert_pool_consistent(engine)
+    try:  # end the orphaned coroutine now rather than in the garbage collector
+        tasks[0].get_coro().close()
+    except RuntimeError:
+        pass  # its cleanup needs the loop that is gone
+
+
 def test_stop_conditions(engine):
     out = engine.generate("Count: 1, 2, 3, 4, 5, 6,", {"max_new_tokens": 30, "temperature": 0, "stop": [" 9"]})
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 9"}

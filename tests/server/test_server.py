@@ -313,6 +313,25 @@ def test_abort_request_by_rid(server, engine):
     _wait_idle(engine)
 
 
+def test_stopping_a_server_thread_with_streams_open_leaves_the_engine_serving(engine):
+    """A notebook stops its server thread while a client streams: the stream's request is aborted, the engine
+    (shared with the kernel) keeps working; once, the scheduler died of "Event loop is closed" here."""
+    handle = start_server_thread(engine, "127.0.0.1", 0)
+    aborted = engine.get_stats()["requests_aborted"]
+    body = json.dumps({"text": PROMPT, "sampling_params": LONG, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", handle.port))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    _wait_running(engine)
+    handle.stop()
+    assert not handle.running
+    stats = _wait_idle(engine)
+    sock.close()
+    assert stats["requests_aborted"] == aborted + 1
+    assert engine.scheduler.fatal is None
+    assert engine.generate(PROMPT, GREEDY)["meta_info"]["completion_tokens"] > 0
+
+
 # ---- the command --------------------------------------------------------------------------------------------
 def test_cli_imports_no_torch_and_maps_engine_options():
     from sgnb.cli import build_parser, engine_kwargs
