@@ -40,6 +40,7 @@ from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choose, score_start
 
 log = logging.getLogger("sgnb.engine")
+OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a worker thread
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
@@ -307,6 +308,11 @@ class Engine:
             room = self.context_length - len(ids)
             if sp.max_new_tokens > room:
                 sp = dataclasses.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
+            pool = self.runner.kv_pool.size
+            if len(ids) + sp.max_new_tokens > pool:  # it could never run to its end: refuse it now, not midway
+                raise ValueError(f"sampling_params.max_new_tokens={sp.max_new_tokens}: the prompt's {len(ids)} "
+                                 f"tokens plus that many new ones cannot fit this engine's KV pool of {pool} "
+                                 f"tokens; ask for at most {pool - len(ids)} (or a bigger max_total_tokens)")
             vocab = self.source.config.vocab_size
             start, top = starts[i], tops[i]
             if not _strict_int(start) or start < -1:
@@ -362,7 +368,7 @@ class Engine:
         done = [threading.Event() for _ in reqs]
         for req, ev in zip(reqs, done):
             req.on_update = lambda r, ev=ev: ev.set() if r.finished else None
-            self.scheduler.submit(req)
+        self.scheduler.submit(*reqs)
         try:
             for ev in done:
                 while not ev.wait(0.1):
@@ -408,9 +414,11 @@ class Engine:
         self._check_open()
         args = (prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid,
                 image_data, video_data)
-        # images and videos are decoded and preprocessed off the caller's event loop (a server's)
-        reqs, many = (await asyncio.to_thread(self._make_reqs, *args) if image_data is not None or video_data is not None
-                      else self._make_reqs(*args))
+        # images, videos and long texts are decoded, preprocessed and tokenized off the caller's event loop (a
+        # server's: a multi-megabyte prompt would stall every other client meanwhile)
+        text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))
+        off_loop = image_data is not None or video_data is not None or text_chars > OFF_LOOP_PROMPT_CHARS
+        reqs, many = await asyncio.to_thread(self._make_reqs, *args) if off_loop else self._make_reqs(*args)
         loop = asyncio.get_running_loop()
         if stream:
             if many:
@@ -427,7 +435,7 @@ class Engine:
                 if r.finished:
                     loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(r))
             req.on_update = notify
-            self.scheduler.submit(req)
+        self.scheduler.submit(*reqs)
         try:
             done = await asyncio.gather(*futures)
         except BaseException:

@@ -94,13 +94,26 @@ class Scheduler:
         self._aborts: set[str] = set()
         self.thread = threading.Thread(target=self._run, name="sgnb-scheduler", daemon=True)
         self.fatal: BaseException | None = None
+        self._rids: set[str] = set()  # rids of requests submitted and not finished (submit checks them)
+        self._rid_lock = threading.Lock()
 
     # ---- thread-safe entry points ----------------------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, req: Req) -> None:
-        self.inbox.put(("req", req))
+    def submit(self, *reqs: Req) -> None:
+        """Queue requests (any thread). Their rids must be free: a rid names one request in flight (abort by
+        rid must not hit another client's), so one already in use raises ValueError and nothing is queued."""
+        with self._rid_lock:
+            taken = [r.rid for r in reqs if r.rid in self._rids]
+            seen: set[str] = set()
+            taken += [r.rid for r in reqs if r.rid in seen or seen.add(r.rid)]  # type: ignore[func-returns-value]
+            if taken:
+                raise ValueError(f"rid {taken[0]!r} is already in use by a request in flight: give each request "
+                                 "its own rid (or none)")
+            self._rids.update(seen)
+        for req in reqs:
+            self.inbox.put(("req", req))
 
     def abort(self, rid: str) -> None:
         self.inbox.put(("abort", rid))
@@ -636,6 +649,8 @@ class Scheduler:
         elif req in self.active:
             self.active.remove(req)
         req.status = ReqStatus.FINISHED
+        with self._rid_lock:
+            self._rids.discard(req.rid)
         c = self.counters
         if reason["type"] == "abort":
             c.requests_aborted += 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,21 +69,52 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port to listen on (default: 30000)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    access = parser.add_argument_group("access and limits")
+    access.add_argument("--api-key", default=os.environ.get("SGNB_API_KEY"),
+                        help="every route but /health needs Authorization: Bearer KEY (also $SGNB_API_KEY). "
+                             "Without a key only requests for this host or a loopback name are answered")
+    access.add_argument("--admin-api-key", default=os.environ.get("SGNB_ADMIN_API_KEY"),
+                        help="the key the admin routes (flush_cache, abort_request) need instead "
+                             "(also $SGNB_ADMIN_API_KEY)")
+    access.add_argument("--allowed-hosts", default="", metavar="HOST[,HOST]",
+                        help="Host / Origin names answered without a key besides the bound address and loopback "
+                             "('*': any)")
+    access.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
+                        help="largest request body (default 8 MiB; larger is a 413)")
+    access.add_argument("--max-n", type=int, default=None, metavar="N", help="samples per prompt (default 64)")
+    access.add_argument("--max-top-logprobs-num", type=int, default=None, metavar="N",
+                        help="top_logprobs_num on /generate (default 64; the OpenAI routes allow 20)")
     add_engine_arguments(parser)
+
+
+def server_options(args: argparse.Namespace) -> Any:
+    """The ServerOptions the serve flags ask for."""
+    from sgnb.server import ServerOptions
+
+    given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n,
+             "max_top_logprobs_num": args.max_top_logprobs_num}
+    hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,
+                         allowed_hosts=hosts, **{k: v for k, v in given.items() if v is not None})
 
 
 def _serve(args: argparse.Namespace) -> int:
     from sgnb.engine import Engine
     from sgnb.server import serve
 
+    options = server_options(args)  # bad flags fail before the model loads
     try:
         engine = Engine(**engine_kwargs(args))
     except (TypeError, ValueError) as e:  # an option value the engine rejected
         raise SystemExit(f"sgnb serve: error: {e}") from None
     print(f"sgnb: {engine.model_name} loaded in {engine.load_seconds:.1f} s; serving http://{args.host}:{args.port} "
           "(SGLang native API and OpenAI API under /v1)", file=sys.stderr, flush=True)
+    def terminate(signum: int, frame: Any) -> None:  # SIGTERM ends the server as Ctrl-C does: gracefully
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)  # (uvicorn re-raises the signal after its shutdown: land here)
     try:
-        serve(engine, host=args.host, port=args.port, log_level=args.log_level)
+        serve(engine, host=args.host, port=args.port, log_level=args.log_level, options=options)
     except KeyboardInterrupt:
         pass
     finally:

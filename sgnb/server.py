@@ -6,8 +6,13 @@
     handle.url, handle.stop()
 
 Native API (what SGLang's `RuntimeEndpoint` speaks): POST /generate, GET /get_model_info (/model_info),
-GET /get_server_info (/server_info), POST|GET /flush_cache, GET /health, GET /health_generate, POST /abort_request.
+GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request.
 OpenAI API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but
+/health needs `Authorization: Bearer KEY` (401); without one, only requests for the bound address or a loopback
+name, from no foreign Origin, with JSON bodies are answered (403 / 415), so a web page cannot drive the server.
+Limits: the body's size (413), n, top_logprobs_num (400).
 
 Contracts:
 - Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
@@ -34,6 +39,7 @@ import binascii
 import concurrent.futures
 import contextlib
 import dataclasses
+import hmac
 import http.client
 import json
 import logging
@@ -46,6 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -99,6 +106,118 @@ def _engine_error(e: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_server_error")
 
 
+# ---- limits and access -------------------------------------------------------------------------------------
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_ADMIN_PATHS = ("/flush_cache", "/abort_request")
+_OPEN_PATHS = ("/health",)  # answered without a key (load balancers, start_server_thread's readiness check)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Who may call the server and how much one request may ask for.
+
+    api_key: every route but /health needs `Authorization: Bearer <api_key>`; admin_api_key, when set, is the
+    only key the admin routes (flush_cache, abort_request) take. Without an api_key the server answers only
+    requests whose Host is the bound address, a loopback name or one of allowed_hosts ("*": any), refuses
+    cross-origin ones (an Origin header that is not such a host) and POSTs that are not application/json: what
+    keeps a web page (DNS rebinding, a cross-site form) from driving it. Limits answer 413 / 400.
+    """
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    bound_host: str = "127.0.0.1"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_n: int = 64  # samples per prompt
+    max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
+
+    def host_allowed(self, host: str) -> bool:
+        if "*" in self.allowed_hosts:
+            return True
+        return host in _LOOPBACK_NAMES or host == self.bound_host or host in self.allowed_hosts
+
+
+def _hostname(value: str) -> str:
+    """The host part of a Host header or an Origin URL ("http://[::1]:8000" -> "::1")."""
+    if "://" in value:
+        value = value.split("://", 1)[1]
+    value = value.split("/", 1)[0]
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class _Guard:
+    """ASGI middleware in front of every route: keys, hosts and origins, the body's size (ServerOptions)."""
+
+    def __init__(self, app: Any, options: ServerOptions) -> None:
+        self.app, self.options = app, options
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            status, message, kind = refusal
+            response = APIError(status, message, kind).response()
+            if status == 401:
+                response.headers["WWW-Authenticate"] = "Bearer"
+            return await response(scope, receive, send)
+        return await self.app(scope, self._bounded(receive), send)
+
+    def _refusal(self, scope: dict) -> tuple[int, str, str] | None:
+        opts = self.options
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        path = scope.get("path", "")
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > opts.max_request_bytes:
+            return 413, (f"the request body is {int(length)} bytes, over the server's limit of "
+                         f"{opts.max_request_bytes} (--max-request-bytes)"), "invalid_request_error"
+        if opts.api_key is not None:
+            if path in _OPEN_PATHS:
+                return None
+            keys = [opts.admin_api_key] if (path in _ADMIN_PATHS and opts.admin_api_key) else [opts.api_key]
+            if path not in _ADMIN_PATHS and opts.admin_api_key:
+                keys.append(opts.admin_api_key)
+            given = headers.get("authorization", "")
+            token = given[7:] if given[:7].lower() == "bearer " else ""
+            if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+                what = "an admin API key" if path in _ADMIN_PATHS and opts.admin_api_key else "an API key"
+                return 401, f"{path} needs {what}: send Authorization: Bearer <key>", "authentication_error"
+            return None
+        host = _hostname(headers.get("host", ""))
+        if not opts.host_allowed(host):
+            return 403, (f"Host {host!r} is not allowed (a page on another site may be driving this server): "
+                         "start the server with --allowed-hosts HOST or with --api-key"), "permission_error"
+        origin = headers.get("origin")
+        if origin is not None and not opts.host_allowed(_hostname(origin)):
+            return 403, f"cross-origin request from {origin!r} refused (start the server with --api-key)", \
+                "permission_error"
+        if scope.get("method") in ("POST", "PUT"):
+            ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                return 415, (f"POST bodies must be JSON with Content-Type: application/json (got "
+                             f"{ctype or 'none'!r})"), "invalid_request_error"
+        return None
+
+    def _bounded(self, receive: Callable) -> Callable:
+        """receive, counting body bytes (a chunked body has no Content-Length): past the limit it raises the
+        413 APIError, which the route's handler answers."""
+        limit, seen = self.options.max_request_bytes, [0]
+
+        async def bounded() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > limit:
+                    raise APIError(413, f"the request body is over the server's limit of {limit} bytes "
+                                        "(--max-request-bytes)")
+            return message
+
+        return bounded
+
+
 # ---- JSON in and out ---------------------------------------------------------------------------------------
 def _finite(obj: Any) -> Any:
     """Replace non-finite floats by None (as orjson does): strict JSON parsers reject Infinity and NaN."""
@@ -138,6 +257,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON in the request body: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -148,6 +269,8 @@ def _validate(schema: type[BaseModel], body: dict[str, Any]) -> Any:
         return schema.model_validate(body)
     except ValidationError as e:
         raise APIError(400, _explain(e)) from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
 
 
 def _explain(e: ValidationError) -> str:
@@ -403,18 +526,20 @@ def _engine_rids(base: str, n: int) -> list[str]:
     return [base] if n == 1 else [f"{base}-{j}" for j in range(n)]
 
 
-def _n_of(params: dict[str, Any]) -> int:
+def _n_of(params: dict[str, Any], max_n: int) -> int:
     n = params.get("n", 1)
     if n is None:
         return 1
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise APIError(400, f"sampling_params.n={n!r}: must be an int >= 1")
+        raise APIError(400, f"sampling_params.n={n!r}: must be an int >= 1", param="n")
+    if n > max_n:
+        raise APIError(400, f"n={n}: at most {max_n} samples per prompt on this server (--max-n)", param="n")
     return n
 
 
-def _split_samples(params: dict[str, Any]) -> list[dict[str, Any]]:
+def _split_samples(params: dict[str, Any], max_n: int) -> list[dict[str, Any]]:
     """n samples as n separate n=1 requests, seeded as the engine seeds them (seed + j)."""
-    n = _n_of(params)
+    n = _n_of(params, max_n)
     if n == 1:
         return [params]
     seed = params.get("seed")
@@ -541,8 +666,9 @@ class _Media:
 class _Server:
     """The route handlers over one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, options: ServerOptions) -> None:
         self.engine = engine
+        self.options = options
         self.inflight = _Inflight()
         self.started = time.time()
         self.kv_total = engine.get_stats()["kv_total"]  # the KV pool's size is fixed
@@ -595,7 +721,10 @@ class _Server:
         lps = [bool(x) for x in _per_item(req.return_logprob, count, "return_logprob")]
         starts = [-1 if x is None else x for x in _per_item(req.logprob_start_len, count, "logprob_start_len")]
         tops = [0 if x is None else x for x in _per_item(req.top_logprobs_num, count, "top_logprobs_num")]
-        ids = {r: _engine_rids(r, _n_of(p)) for r, p in zip(rids, params)}
+        ids = {r: _engine_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
+        if any(t > self.options.max_top_logprobs_num for t in tops if isinstance(t, int)):
+            raise APIError(400, f"top_logprobs_num: at most {self.options.max_top_logprobs_num} on this server "
+                                "(--max-top-logprobs-num)", param="top_logprobs_num")
 
         with _Media(self.engine) as media:
             images = media.prompts(req.image_data, "image", "image_data", batched, count)
@@ -622,7 +751,7 @@ class _Server:
 
             calls = []
             for i, prompt in enumerate(prompts):
-                for sp, rid in zip(_split_samples(params[i]), ids[rids[i]]):
+                for sp, rid in zip(_split_samples(params[i], self.options.max_n), ids[rids[i]]):
                     calls.append({prompt_key: prompt, "sampling_params": sp,
                                   "return_logprob": lps[i], "logprob_start_len": starts[i],
                                   "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
@@ -757,6 +886,7 @@ class _Server:
         want_lp = req.logprobs is not None
         base = req.rid or _new_rid()
         rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
+        _n_of({"n": req.n}, self.options.max_n)
         ids = {base: [r for rid in rids for r in _engine_rids(rid, req.n)]}
         lp_kw = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
                  "logprob_start_len": 0 if req.echo and want_lp else -1, "return_text_in_logprobs": True}
@@ -790,7 +920,7 @@ class _Server:
 
         calls = [{**prompt_kw(p), "sampling_params": s, "rid": r, **lp_kw}
                  for i, p in enumerate(prompts)
-                 for s, r in zip(_split_samples(sp), _engine_rids(rids[i], req.n))]
+                 for s, r in zip(_split_samples(sp, self.options.max_n), _engine_rids(rids[i], req.n))]
         streams = await self._start_streams(calls)
         head = [{"index": k, "text": echo_text(k // req.n), "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))] if req.echo else []
@@ -822,6 +952,7 @@ class _Server:
         limit = min(self.engine.context_length, self.kv_total)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
+        _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
         ids = {base: _engine_rids(base, req.n)}
         lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
@@ -841,7 +972,7 @@ class _Server:
                                    "usage": _usage(outs, req.n)})
 
         calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
-                 for s, r in zip(_split_samples(sp), ids[base])]
+                 for s, r in zip(_split_samples(sp, self.options.max_n), ids[base])]
         streams = await self._start_streams(calls)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))]
@@ -1038,16 +1169,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
                     _ERROR_TYPES.get(exc.status_code, "invalid_request_error")).response()
 
 
-def create_app(engine: Engine) -> Starlette:
-    """The ASGI app serving `engine`: SGLang's native API and the OpenAI-compatible API (see the module doc)."""
-    s = _Server(engine)
+def create_app(engine: Engine, options: ServerOptions | None = None) -> Any:
+    """The ASGI app serving `engine`: SGLang's native API and the OpenAI-compatible API (see the module doc),
+    behind the access and size checks of `options` (ServerOptions: loopback-only, no key, by default)."""
+    options = options or ServerOptions()
+    s = _Server(engine, options)
     routes = [
         Route("/generate", _handler(s.generate), methods=["POST", "PUT"]),
         Route("/get_model_info", _handler(s.get_model_info), methods=["GET"]),
         Route("/model_info", _handler(s.get_model_info), methods=["GET"]),  # newer SGLang spelling
         Route("/get_server_info", _handler(s.get_server_info), methods=["GET"]),
         Route("/server_info", _handler(s.get_server_info), methods=["GET"]),
-        Route("/flush_cache", _handler(s.flush_cache), methods=["GET", "POST"]),
+        Route("/flush_cache", _handler(s.flush_cache), methods=["POST"]),  # admin routes change state: POST only
         Route("/health", _handler(s.health), methods=["GET"]),
         Route("/health_generate", _handler(s.health_generate), methods=["GET"]),
         Route("/abort_request", _handler(s.abort_request), methods=["POST", "PUT"]),
@@ -1057,18 +1190,21 @@ def create_app(engine: Engine) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
-    return app
+    return _Guard(app, options)
 
 
-def _uvicorn_server(engine: Engine, host: str, port: int, log_level: str, access_log: bool) -> Any:
+def _uvicorn_server(engine: Engine, host: str, port: int, log_level: str, access_log: bool,
+                    options: ServerOptions | None) -> Any:
     import uvicorn
 
-    config = uvicorn.Config(create_app(engine), host=host, port=port, log_level=log_level, access_log=access_log,
-                            lifespan="off", timeout_graceful_shutdown=5)
+    options = dataclasses.replace(options or ServerOptions(), bound_host=host)
+    config = uvicorn.Config(create_app(engine, options), host=host, port=port, log_level=log_level,
+                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 30000, log_level: str = "info") -> None:
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 30000, log_level: str = "info",
+          options: ServerOptions | None = None) -> None:
     """Serve `engine` until interrupted (Ctrl-C / SIGTERM shut it down gracefully). Blocks the calling thread,
     which must have no running event loop: in Jupyter use `start_server_thread`."""
     try:
@@ -1078,10 +1214,24 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 30000, log_level:
     else:
         raise RuntimeError("serve() blocks and needs a thread without a running event loop; "
                            "in Jupyter use start_server_thread(engine, host, port)")
-    server = _uvicorn_server(engine, host, port, log_level, access_log=True)
+    server = _uvicorn_server(engine, host, port, log_level, access_log=True, options=options)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(server.serve())
+    finally:
+        _close_loop(loop)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what the server left running (open streams: cancelling them aborts their engine requests), then
+    close the loop."""
+    try:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
 
@@ -1092,7 +1242,8 @@ class ServerThread:
     `port=0` picks a free port; `.url` is the address once `start()` has returned.
     """
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning") -> None:
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning",
+                 options: ServerOptions | None = None) -> None:
         self.host = host
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -1102,7 +1253,7 @@ class ServerThread:
             self._sock.close()
             raise
         self.port: int = self._sock.getsockname()[1]
-        self._server = _uvicorn_server(engine, host, self.port, log_level, access_log=False)
+        self._server = _uvicorn_server(engine, host, self.port, log_level, access_log=False, options=options)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"sgnb-server:{self.port}", daemon=True)
 
@@ -1118,15 +1269,9 @@ class ServerThread:
         except BaseException as e:  # reported by start()
             self._error = e
         finally:
-            try:  # requests still open (streams): cancel them, so that they abort their engine requests
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
+            try:
+                _close_loop(loop)
             finally:
-                loop.close()
                 self._sock.close()
 
     def start(self, timeout: float = 30.0) -> ServerThread:
@@ -1177,9 +1322,9 @@ def _health_ok(host: str, port: int) -> bool:
 
 
 def start_server_thread(engine: Engine, host: str = "127.0.0.1", port: int = 30000,
-                        log_level: str = "warning") -> ServerThread:
+                        log_level: str = "warning", options: ServerOptions | None = None) -> ServerThread:
     """Serve `engine` from a background thread; returns once /health answers. Stop with `.stop()`."""
-    return ServerThread(engine, host, port, log_level).start()
+    return ServerThread(engine, host, port, log_level, options).start()
 
 
-__all__ = ["APIError", "EventStream", "ServerThread", "create_app", "serve", "start_server_thread"]
+__all__ = ["APIError", "EventStream", "ServerOptions", "ServerThread", "create_app", "serve", "start_server_thread"]

@@ -257,6 +257,9 @@ def test_prompt_larger_than_pool_is_rejected():
     with Engine("smollm2", max_total_tokens=64, quantization="none") as eng:
         with pytest.raises(ValueError, match="at most 63"):
             eng.generate(PROMPT * 3, {"max_new_tokens": 1})
+        # a prompt that fits, with more new tokens than the pool could ever hold: refused up front, not midway
+        with pytest.raises(ValueError, match="cannot fit this engine's KV pool of 64 tokens"):
+            eng.generate("Hi", {"max_new_tokens": 100, "ignore_eos": True})
         assert eng.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
 
 
@@ -377,6 +380,30 @@ def test_a_caller_whose_event_loop_closed_does_not_kill_the_engine(engine):
         tasks[0].get_coro().close()
     except RuntimeError:
         pass  # its cleanup needs the loop that is gone
+
+
+def test_a_rid_names_one_request_in_flight(engine):
+    """A second request with a rid in use is refused (aborting by rid must not hit another client's request);
+    the rid is free again once its request finishes."""
+    import threading
+
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(out=engine.generate(
+        PROMPT, {"max_new_tokens": 400, "ignore_eos": True}, rid="dup")))
+    t.start()
+    deadline = time.time() + 20
+    while engine.get_stats()["running"] == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(ValueError, match="rid 'dup' is already in use"):
+        engine.generate("Hi", {"max_new_tokens": 2}, rid="dup")
+    with pytest.raises(ValueError, match="rid 'twin' is already in use"):
+        engine.generate(["Hi", "Ho"], {"max_new_tokens": 2}, rid=["twin", "twin"])
+    engine.abort("dup")
+    t.join(30)
+    assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"  # the first one, aborted by its owner
+    assert engine.generate("Hi", {"max_new_tokens": 2, "ignore_eos": True}, rid="dup")["meta_info"]["id"] == "dup"
+    assert engine.generate("Hi", {"max_new_tokens": 2, "ignore_eos": True}, rid="twin")["meta_info"]["id"] == "twin"
+    _assert_pool_consistent(engine)
 
 
 def test_stop_conditions(engine):

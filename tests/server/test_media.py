@@ -123,7 +123,8 @@ def test_generate_stream_with_an_image(server, mm_engine):
     prompt = "Look: <image> What is it?"
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     conn.request("POST", "/generate", body=json.dumps({"text": prompt, "image_data": URL, "stream": True,
-                                                       "sampling_params": GREEDY}))
+                                                       "sampling_params": GREEDY}),
+                 headers={"Content-Type": "application/json"})
     data = conn.getresponse().read()
     conn.close()
     events = [json.loads(line[6:]) for line in data.split(b"\n\n") if line.startswith(b"data: {")]
