@@ -265,8 +265,11 @@ class Engine:
     def _make_reqs(self, prompt: Prompt, input_ids: InputIds, sampling_params: dict | list[dict] | None,
                    return_logprob: bool | list[bool], logprob_start_len: int | list[int],
                    top_logprobs_num: int | list[int], rid: str | list[str] | None,
-                   image_data: Any = None, video_data: Any = None) -> tuple[list[Req], bool]:
-        """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here."""
+                   image_data: Any = None, video_data: Any = None,
+                   fit_to_context: bool = True) -> tuple[list[Req], bool]:
+        """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here.
+        fit_to_context: a max_new_tokens past the context length is lowered to fit (the in-process default) or,
+        False, refused (what HTTP clients get, as from OpenAI and SGLang)."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids)
                                                and isinstance(input_ids[0], list))
         if batched:
@@ -306,6 +309,10 @@ class Engine:
                 backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
                 grammar_future = backend.compile_async(kind, source)  # off the scheduler's critical path
             room = self.context_length - len(ids)
+            if sp.max_new_tokens > room and not fit_to_context:
+                raise ValueError(f"sampling_params.max_new_tokens={sp.max_new_tokens}: the prompt's {len(ids)} tokens "
+                                 f"plus that many exceed the context length {self.context_length}; ask for at most "
+                                 f"{room}")
             if sp.max_new_tokens > room:
                 sp = dataclasses.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
             pool = self.runner.kv_pool.size
@@ -409,11 +416,13 @@ class Engine:
                              logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | list[str] | None = None, image_data: Any = None,
-                             video_data: Any = None) -> dict | list[dict] | AsyncIterator[dict]:
-        """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests."""
+                             video_data: Any = None, fit_to_context: bool = True
+                             ) -> dict | list[dict] | AsyncIterator[dict]:
+        """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests.
+        fit_to_context=False refuses a max_new_tokens past the context length instead of lowering it."""
         self._check_open()
         args = (prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid,
-                image_data, video_data)
+                image_data, video_data, fit_to_context)
         # images, videos and long texts are decoded, preprocessed and tokenized off the caller's event loop (a
         # server's: a multi-megabyte prompt would stall every other client meanwhile)
         text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))

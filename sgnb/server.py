@@ -452,6 +452,14 @@ class EventStream:
         sender, watcher = asyncio.ensure_future(pump()), asyncio.ensure_future(_until_disconnected(receive))
         try:
             await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is shutting down under a client that still listens
+            if not watcher.done():
+                sender.cancel()
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "more_body": False, "body": _sse({"error": {
+                        "message": "the server is shutting down: this request was aborted", "type":
+                        "service_unavailable", "param": None, "code": 503}})})
+            raise
         finally:
             for task in (sender, watcher):
                 task.cancel()
@@ -684,14 +692,14 @@ class _Server:
         streams = []
         for kw in calls:
             try:
-                streams.append(await self.engine.async_generate(**kw, stream=True))
+                streams.append(await self.engine.async_generate(**kw, stream=True, fit_to_context=False))
             except Exception as e:
                 raise _engine_error(e) from e
         return streams
 
     async def _generate(self, request: Request, **kw: Any) -> Any:
         try:
-            return await _unless_disconnected(request, self.engine.async_generate(**kw))
+            return await _unless_disconnected(request, self.engine.async_generate(**kw, fit_to_context=False))
         except (_ClientGone, APIError):
             raise
         except Exception as e:

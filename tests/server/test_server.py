@@ -3,6 +3,7 @@ the official client, errors, concurrency, client disconnects, and the `sgnb serv
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -215,6 +216,8 @@ def test_chat_completions(client, engine):
     ({"txt": PROMPT}, None, "unknown field 'txt'"),
     ({"text": ""}, None, "empty"),
     ({"input_ids": [1] * 9000}, None, "at most"),
+    # beyond the context: refused over HTTP (as OpenAI and SGLang do), never silently shortened
+    ({"input_ids": [1] * 8000, "sampling_params": {"max_new_tokens": 500}}, None, "exceed the context length"),
     ({"text": PROMPT, "sampling_params": {"regex": "(unclosed"}}, None, "invalid regex"),
     ({"text": PROMPT, "sampling_params": {"json_schema": "[1]"}}, None, "JSON object"),
     # strict types and the model's limits (issue 14): named, never coerced, refused before any model work
@@ -235,6 +238,7 @@ def test_bad_openai_requests_are_400_and_server_keeps_serving(server, client):
     import openai
 
     for kwargs, needle in [({"temperature": -1.0}, "temperature"), ({"max_tokens": -3}, "max_new_tokens"),
+                           ({"max_tokens": 9000}, "exceed the context length"),
                            ({"extra_body": {"bogus": 1}}, "bogus"), ({"prompt": ""}, "empty")]:
         with pytest.raises(openai.BadRequestError, match=needle):
             client.completions.create(**{"model": "any", "prompt": PROMPT, "max_tokens": 2, **kwargs})
@@ -326,7 +330,13 @@ def test_stopping_a_server_thread_with_streams_open_leaves_the_engine_serving(en
     handle.stop()
     assert not handle.running
     stats = _wait_idle(engine)
+    sock.settimeout(10)
+    received = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            received += chunk
     sock.close()
+    assert b"the server is shutting down" in received  # the stream's client is told, not just cut off
     assert stats["requests_aborted"] == aborted + 1
     assert engine.scheduler.fatal is None
     assert engine.generate(PROMPT, GREEDY)["meta_info"]["completion_tokens"] > 0
