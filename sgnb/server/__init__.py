@@ -1,0 +1,44 @@
+"""sgnb serve: SGLang's native HTTP API and the OpenAI-compatible API over one in-process `Engine`.
+
+    app = create_app(engine)                        # an ASGI app (Starlette)
+    serve(engine, port=30000)                       # blocking, for the `sgnb serve` command
+    handle = start_server_thread(engine, port=0)    # in a notebook: a background thread with its own loop
+    handle.url, handle.stop()
+
+Modules: `protocol` (errors as JSON, bodies in and out, the request schemas, request ids, OpenAI response
+pieces), `access` (ServerOptions and the guard in front of every route), `streaming` (SSE that stops when the
+client leaves, interleaved engine streams), `media` (images and videos from clients), `native_api` and
+`openai_api` (the route handlers), `app` (the app, `serve`, `ServerThread`).
+
+Native API (what SGLang's `RuntimeEndpoint` speaks): POST /generate, GET /get_model_info (/model_info),
+GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request.
+OpenAI API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but
+/health needs `Authorization: Bearer KEY` (401); without one, only requests for the bound address or a loopback
+name, from no foreign Origin, with JSON bodies are answered (403 / 415), so a web page cannot drive the server.
+Limits: the body's size (413), n, top_logprobs_num (400).
+
+Contracts:
+- Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
+  wrong types and unknown fields (request schemas forbid extras, so a typo names itself) and the engine's
+  TypeError/ValueError are 400 (an invalid regex / json_schema / ebnf too); features the engine lacks (audio,
+  tools) are 400 "not supported yet"; a dead engine is 503. One request's failure never affects another's.
+- Images and videos (multimodal models): /generate takes SGLang's `image_data` / `video_data` (for one prompt an
+  item or a list, for a batch one entry per prompt), /v1/chat/completions content parts `image_url` and
+  `video_url` (an extension: {"url", "num_frames"}). Each item is a data: URL or a plain base64 string (a video
+  also {"url" | "data": ..., "num_frames": n}). The server reads no local files and fetches no URLs for its
+  clients: a path or an http(s) URL is a 400, as are undecodable media and media for a text-only model.
+  /get_model_info, /get_server_info and /v1/models say whether the model takes images ("image_token",
+  "video_token").
+- A client that goes away aborts its requests: a non-streaming handler races the engine against the
+  connection's `http.disconnect`; a stream stops sending and closes its engine iterators, which abort.
+- Everything runs on the server's event loop; engine calls never block it (the engine works on its own thread).
+"""
+
+from sgnb.server.access import ServerOptions
+from sgnb.server.app import ServerThread, create_app, serve, start_server_thread
+from sgnb.server.protocol import APIError
+from sgnb.server.streaming import EventStream
+
+__all__ = ["APIError", "EventStream", "ServerOptions", "ServerThread", "create_app", "serve", "start_server_thread"]

@@ -1,0 +1,123 @@
+"""Who may call the server and how much one request may ask for: ServerOptions and the ASGI guard."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from sgnb.server.protocol import APIError
+
+# ---- limits and access -------------------------------------------------------------------------------------
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_ADMIN_PATHS = ("/flush_cache", "/abort_request")
+_OPEN_PATHS = ("/health",)  # answered without a key (load balancers, start_server_thread's readiness check)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Who may call the server and how much one request may ask for.
+
+    api_key: every route but /health needs `Authorization: Bearer <api_key>`; admin_api_key, when set, is the
+    only key the admin routes (flush_cache, abort_request) take. Without an api_key the server answers only
+    requests whose Host is the bound address, a loopback name or one of allowed_hosts ("*": any), refuses
+    cross-origin ones (an Origin header that is not such a host) and POSTs that are not application/json: what
+    keeps a web page (DNS rebinding, a cross-site form) from driving it. Limits answer 413 / 400.
+    """
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    bound_host: str = "127.0.0.1"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_n: int = 64  # samples per prompt
+    max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
+
+    def host_allowed(self, host: str) -> bool:
+        if "*" in self.allowed_hosts:
+            return True
+        return host in _LOOPBACK_NAMES or host == self.bound_host or host in self.allowed_hosts
+
+
+def _hostname(value: str) -> str:
+    """The host part of a Host header or an Origin URL ("http://[::1]:8000" -> "::1")."""
+    if "://" in value:
+        value = value.split("://", 1)[1]
+    value = value.split("/", 1)[0]
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class _Guard:
+    """ASGI middleware in front of every route: keys, hosts and origins, the body's size (ServerOptions)."""
+
+    def __init__(self, app: Any, options: ServerOptions) -> None:
+        self.app, self.options = app, options
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            status, message, kind = refusal
+            response = APIError(status, message, kind).response()
+            if status == 401:
+                response.headers["WWW-Authenticate"] = "Bearer"
+            return await response(scope, receive, send)
+        return await self.app(scope, self._bounded(receive), send)
+
+    def _refusal(self, scope: dict) -> tuple[int, str, str] | None:
+        opts = self.options
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        path = scope.get("path", "")
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > opts.max_request_bytes:
+            return 413, (f"the request body is {int(length)} bytes, over the server's limit of "
+                         f"{opts.max_request_bytes} (--max-request-bytes)"), "invalid_request_error"
+        if opts.api_key is not None:
+            if path in _OPEN_PATHS:
+                return None
+            keys = [opts.admin_api_key] if (path in _ADMIN_PATHS and opts.admin_api_key) else [opts.api_key]
+            if path not in _ADMIN_PATHS and opts.admin_api_key:
+                keys.append(opts.admin_api_key)
+            given = headers.get("authorization", "")
+            token = given[7:] if given[:7].lower() == "bearer " else ""
+            if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+                what = "an admin API key" if path in _ADMIN_PATHS and opts.admin_api_key else "an API key"
+                return 401, f"{path} needs {what}: send Authorization: Bearer <key>", "authentication_error"
+            return None
+        host = _hostname(headers.get("host", ""))
+        if not opts.host_allowed(host):
+            return 403, (f"Host {host!r} is not allowed (a page on another site may be driving this server): "
+                         "start the server with --allowed-hosts HOST or with --api-key"), "permission_error"
+        origin = headers.get("origin")
+        if origin is not None and not opts.host_allowed(_hostname(origin)):
+            return 403, f"cross-origin request from {origin!r} refused (start the server with --api-key)", \
+                "permission_error"
+        if scope.get("method") in ("POST", "PUT"):
+            ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                return 415, (f"POST bodies must be JSON with Content-Type: application/json (got "
+                             f"{ctype or 'none'!r})"), "invalid_request_error"
+        return None
+
+    def _bounded(self, receive: Callable) -> Callable:
+        """receive, counting body bytes (a chunked body has no Content-Length): past the limit it raises the
+        413 APIError, which the route's handler answers."""
+        limit, seen = self.options.max_request_bytes, [0]
+
+        async def bounded() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > limit:
+                    raise APIError(413, f"the request body is over the server's limit of {limit} bytes "
+                                        "(--max-request-bytes)")
+            return message
+
+        return bounded

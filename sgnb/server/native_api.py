@@ -1,0 +1,243 @@
+"""The route handlers' shared state and helpers, and SGLang's native API (/generate, /get_model_info, ...)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sgnb.server.access import ServerOptions
+from sgnb.server.media import _Media
+from sgnb.server.protocol import (
+    _FLUSH_TIMEOUT_S,
+    _HEALTH_TIMEOUT_S,
+    _IGNORED_SAMPLING_NAMES,
+    _SSE_DONE,
+    AbortRequest,
+    APIError,
+    GenerateRequest,
+    _engine_error,
+    _engine_rids,
+    _Inflight,
+    _json_body,
+    _json_response,
+    _n_of,
+    _new_rid,
+    _per_item,
+    _split_samples,
+    _sse,
+    _validate,
+)
+from sgnb.server.streaming import EventStream, _ClientGone, _merge, _unless_disconnected
+
+if TYPE_CHECKING:
+    from sgnb.engine import Engine
+
+
+class _Routes:
+    """The engine, the options and the in-flight ids every route handler shares, and their helpers."""
+
+    def __init__(self, engine: Engine, options: ServerOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self.inflight = _Inflight()
+        self.started = time.time()
+        self.kv_total = engine.get_stats()["kv_total"]  # the KV pool's size is fixed
+
+    # -- helpers
+    def _check_alive(self) -> None:
+        e = self.engine
+        if not e.is_alive:
+            raise APIError(503, "the engine is not running", "service_unavailable")
+
+    async def _start_streams(self, calls: list[dict[str, Any]]) -> list[AsyncIterator[dict]]:
+        """Validate and create one engine stream per call (none is submitted until iterated)."""
+        streams = []
+        for kw in calls:
+            try:
+                streams.append(await self.engine.async_generate(**kw, stream=True, fit_to_context=False))
+            except Exception as e:
+                raise _engine_error(e) from e
+        return streams
+
+    async def _generate(self, request: Request, **kw: Any) -> Any:
+        try:
+            return await _unless_disconnected(request, self.engine.async_generate(**kw, fit_to_context=False))
+        except (_ClientGone, APIError):
+            raise
+        except Exception as e:
+            raise _engine_error(e) from e
+
+
+class NativeRoutes(_Routes):
+    """SGLang's native API."""
+
+    # -- native API
+    async def generate(self, request: Request) -> Response:
+        req: GenerateRequest = _validate(GenerateRequest, await _json_body(request))
+        for name in ("audio_data", "lora_path", "custom_logit_processor"):
+            if getattr(req, name):
+                raise APIError(400, f"not supported yet: {name}", param=name)
+        if req.return_hidden_states:
+            raise APIError(400, "not supported yet: return_hidden_states", param="return_hidden_states")
+        if (req.text is None) == (req.input_ids is None):
+            raise APIError(400, "give exactly one of text or input_ids")
+        source = req.text if req.text is not None else req.input_ids
+        prompt_key = "prompt" if req.text is not None else "input_ids"
+        batched = isinstance(req.text, list) or (bool(req.input_ids) and isinstance(req.input_ids[0], list))
+        prompts: list[Any] = list(source) if batched else [source]  # type: ignore[arg-type]
+        count = len(prompts)
+        if count == 0:
+            raise APIError(400, "an empty batch of prompts")
+        if batched and isinstance(req.rid, str):
+            raise APIError(400, "rid must be a list with one id per prompt for a batch", param="rid")
+        params = [self._native_sampling(p) for p in _per_item(req.sampling_params, count, "sampling_params")]
+        rids = [r or _new_rid() for r in _per_item(req.rid, count, "rid")]
+        lps = [bool(x) for x in _per_item(req.return_logprob, count, "return_logprob")]
+        starts = [-1 if x is None else x for x in _per_item(req.logprob_start_len, count, "logprob_start_len")]
+        tops = [0 if x is None else x for x in _per_item(req.top_logprobs_num, count, "top_logprobs_num")]
+        ids = {r: _engine_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
+        if any(t > self.options.max_top_logprobs_num for t in tops if isinstance(t, int)):
+            raise APIError(400, f"top_logprobs_num: at most {self.options.max_top_logprobs_num} on this server "
+                                "(--max-top-logprobs-num)", param="top_logprobs_num")
+
+        with _Media(self.engine) as media:
+            images = media.prompts(req.image_data, "image", "image_data", batched, count)
+            videos = media.prompts(req.video_data, "video", "video_data", batched, count)
+
+            def media_kw(i: int | None) -> dict[str, Any]:  # prompt i's media; None: every prompt's (a batch)
+                kw: dict[str, Any] = {}
+                for key, per in (("image_data", images), ("video_data", videos)):
+                    if any(x is not None for x in per):
+                        kw[key] = per if i is None else per[i]
+                return kw
+
+            if not req.stream:
+                def pick(values: list[Any]) -> Any:  # per prompt for a batch, the one value otherwise
+                    return values if batched else values[0]
+
+                with self.inflight.track(ids):
+                    out = await self._generate(
+                        request, **{prompt_key: source}, sampling_params=pick(params), return_logprob=pick(lps),
+                        logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
+                        return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
+                        **media_kw(None if batched else 0))
+                return _json_response(out)
+
+            calls = []
+            for i, prompt in enumerate(prompts):
+                for sp, rid in zip(_split_samples(params[i], self.options.max_n), ids[rids[i]]):
+                    calls.append({prompt_key: prompt, "sampling_params": sp,
+                                  "return_logprob": lps[i], "logprob_start_len": starts[i],
+                                  "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
+                                  "rid": rid, **media_kw(i)})
+            streams = await self._start_streams(calls)  # the engine has read the media here
+        indexed = batched or len(calls) > 1
+        return EventStream(self._native_events(streams, ids, indexed))  # type: ignore[return-value]
+
+    @staticmethod
+    def _native_sampling(params: dict[str, Any] | None) -> dict[str, Any]:
+        params = dict(params or {})
+        for name in _IGNORED_SAMPLING_NAMES:
+            params.pop(name, None)
+        return params
+
+    async def _native_events(self, streams: list[AsyncIterator[dict]], ids: dict[str, list[str]],
+                             indexed: bool) -> AsyncIterator[bytes]:
+        """SGLang's stream format: each chunk carries the cumulative text so far; then `data: [DONE]`."""
+        texts = [""] * len(streams)
+        with self.inflight.track(ids):
+            try:
+                async with contextlib.aclosing(_merge(streams)) as chunks:
+                    async for i, chunk in chunks:
+                        texts[i] += chunk["text"]
+                        out = {**chunk, "text": texts[i]}
+                        if "output_ids" not in chunk:  # not the last chunk
+                            out["meta_info"] = {**chunk["meta_info"], "finish_reason": None}
+                        if indexed:
+                            out["index"] = i
+                        yield _sse(out)
+            except Exception as e:
+                yield _sse({"error": {"message": _engine_error(e).message}})
+            yield _SSE_DONE
+
+    async def get_model_info(self, request: Request) -> Response:
+        e = self.engine
+        return _json_response({
+            "model_path": e.config.model_path,
+            "tokenizer_path": e.config.model_path,
+            "model_name": e.model_name,
+            "is_generation": True,
+            "context_length": e.context_length,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": e.image_token is not None,
+            "has_audio_understanding": False,
+            "image_token": e.image_token,
+            "video_token": e.video_token,
+            "chat_template": e.tokenizer.chat_template,
+        })
+
+    async def get_server_info(self, request: Request) -> Response:
+        from sgnb import __version__
+
+        e = self.engine
+        stats = e.get_stats()
+        return _json_response({
+            **dataclasses.asdict(e.config),
+            "model_name": e.model_name,
+            "context_length": e.context_length,
+            "max_total_num_tokens": stats["kv_total"],
+            "load_seconds": getattr(e, "load_seconds", None),
+            "uptime_s": time.time() - self.started,
+            "internal_states": [stats],
+            "version": __version__,
+            "has_image_understanding": e.image_token is not None,
+            "image_token": e.image_token,
+            "video_token": e.video_token,
+        })
+
+    async def flush_cache(self, request: Request) -> Response:
+        self._check_alive()
+        try:
+            # waits until no request is in flight; on a timeout the flush still happens once the engine is idle
+            ok = await asyncio.to_thread(self.engine.flush_cache, _FLUSH_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            ok = False
+        if not ok:
+            raise APIError(400, f"the cache was not flushed within {_FLUSH_TIMEOUT_S:.0f} s: requests are "
+                                "still running (it will be flushed once the engine is idle)")
+        return Response("Cache flushed.\n", media_type="text/plain")
+
+    async def health(self, request: Request) -> Response:
+        self._check_alive()
+        return Response(status_code=200)
+
+    async def health_generate(self, request: Request) -> Response:
+        """Healthy when the engine generates one token within the timeout."""
+        self._check_alive()
+        tok = self.engine.tokenizer.bos_token_id or 0
+        rid = f"HEALTH_CHECK_{_new_rid()}"
+        try:
+            out = await asyncio.wait_for(self.engine.async_generate(
+                input_ids=[tok], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid), _HEALTH_TIMEOUT_S)
+        except Exception as e:  # asyncio.TimeoutError included
+            raise APIError(503, f"the engine did not generate: {type(e).__name__}: {e}", "service_unavailable") from e
+        if out["meta_info"]["finish_reason"]["type"] == "abort":
+            raise APIError(503, f"the engine failed to generate: {out['meta_info'].get('error')}", "service_unavailable")
+        return Response(status_code=200)
+
+    async def abort_request(self, request: Request) -> Response:
+        req: AbortRequest = _validate(AbortRequest, await _json_body(request))
+        if not req.rid and not req.abort_all:
+            raise APIError(400, "give rid or abort_all=true")
+        for rid in self.inflight.engine_ids(req.rid, req.abort_all):
+            self.engine.abort(rid)
+        return Response(status_code=200)

@@ -1,0 +1,252 @@
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+if TYPE_CHECKING:
+    pass
+from sgnb.server.media import _Media
+from sgnb.server.native_api import _Routes
+from sgnb.server.protocol import (
+    _SSE_DONE,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    StreamOptions,
+    _batch_kw,
+    _chat_logprobs,
+    _completion_logprobs,
+    _engine_error,
+    _engine_rids,
+    _finish,
+    _json_body,
+    _json_response,
+    _n_of,
+    _new_rid,
+    _raise_failed,
+    _response_format,
+    _split_samples,
+    _sse,
+    _usage,
+    _validate,
+)
+from sgnb.server.streaming import EventStream, _merge
+
+
+class OpenAIRoutes(_Routes):
+    """The OpenAI-compatible routes."""
+
+    # -- OpenAI API
+    async def list_models(self, request: Request) -> Response:
+        return _json_response({"object": "list", "data": [self._model_card()]})
+
+    def _model_card(self) -> dict[str, Any]:
+        e = self.engine
+        modalities = ["text"] + ["image"] * (e.image_token is not None) + ["video"] * (e.video_token is not None)
+        return {"id": e.model_name, "object": "model", "created": int(self.started), "owned_by": "sgnb",
+                "root": e.config.model_path, "max_model_len": e.context_length, "input_modalities": modalities,
+                "has_image_understanding": e.image_token is not None}
+
+    async def completions(self, request: Request) -> Response:
+        req: CompletionRequest = _validate(CompletionRequest, await _json_body(request))
+        if req.suffix:
+            raise APIError(400, "not supported yet: suffix", param="suffix")
+        if req.best_of not in (None, req.n):
+            raise APIError(400, "not supported yet: best_of other than n", param="best_of")
+        prompt = req.prompt
+        batched = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        prompts: list[Any] = list(prompt) if batched else [prompt]  # type: ignore[arg-type]
+        if not prompts:
+            raise APIError(400, "prompt is an empty list", param="prompt")
+        sp = req.sampling_params(req.max_tokens if req.max_tokens is not None else 16)
+        want_lp = req.logprobs is not None
+        base = req.rid or _new_rid()
+        rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
+        _n_of({"n": req.n}, self.options.max_n)
+        ids = {base: [r for rid in rids for r in _engine_rids(rid, req.n)]}
+        lp_kw = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
+                 "logprob_start_len": 0 if req.echo and want_lp else -1, "return_text_in_logprobs": True}
+        meta = {"id": f"cmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
+        tokens = self.engine.tokenizer
+
+        def prompt_kw(p: Any) -> dict[str, Any]:
+            return {"prompt": p} if isinstance(p, str) else {"input_ids": p}
+
+        def echo_text(i: int) -> str:
+            p = prompts[i]
+            return p if isinstance(p, str) else tokens.decode(p)
+
+        if not req.stream:
+            with self.inflight.track(ids):
+                if batched:
+                    outs = await self._generate(request, **_batch_kw(prompts), sampling_params=sp, rid=rids, **lp_kw)
+                else:
+                    outs = await self._generate(request, **prompt_kw(prompts[0]), sampling_params=sp, rid=rids[0],
+                                                **lp_kw)
+            outs = outs if isinstance(outs, list) else [outs]
+            _raise_failed(outs)
+            choices = []
+            for k, out in enumerate(outs):
+                prefix = echo_text(k // req.n) if req.echo else ""
+                choices.append({"index": k, "text": prefix + out["text"],
+                                "logprobs": _completion_logprobs(out, req.echo) if want_lp else None,
+                                **_finish(out)})
+            return _json_response({**meta, "object": "text_completion", "choices": choices,
+                                   "usage": _usage(outs, req.n)})
+
+        calls = [{**prompt_kw(p), "sampling_params": s, "rid": r, **lp_kw}
+                 for i, p in enumerate(prompts)
+                 for s, r in zip(_split_samples(sp, self.options.max_n), _engine_rids(rids[i], req.n))]
+        streams = await self._start_streams(calls)
+        head = [{"index": k, "text": echo_text(k // req.n), "logprobs": None, "finish_reason": None}
+                for k in range(len(calls))] if req.echo else []
+
+        def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
+            return {"index": k, "text": chunk["text"],
+                    "logprobs": _completion_logprobs(chunk, False) if last and want_lp else None,
+                    **(_finish(chunk) if last else {"finish_reason": None})}
+
+        return EventStream(self._openai_events(  # type: ignore[return-value]
+            streams, ids, {**meta, "object": "text_completion"}, head, choice, req.stream_options, req.n))
+
+    async def chat_completions(self, request: Request) -> Response:
+        req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
+        if (req.tools or req.functions) and req.tool_choice != "none":
+            raise APIError(400, "not supported yet: tools / function calling", param="tools")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        sp_extra = _response_format(req.response_format or {})
+
+        with _Media(self.engine) as media:
+            return await self._chat(request, req, sp_extra, media)
+
+    async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
+                    media: _Media) -> Response:
+        text, images, videos = self._render_chat(req.messages, media)
+        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
+        input_ids = self.engine.tokenizer.encode(text)
+        limit = min(self.engine.context_length, self.kv_total)
+        max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
+        _n_of({"n": req.n}, self.options.max_n)
+        base = req.rid or _new_rid()
+        ids = {base: _engine_rids(base, req.n)}
+        lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
+                 "return_text_in_logprobs": True}
+        meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
+
+        if not req.stream:
+            with self.inflight.track(ids):
+                outs = await self._generate(request, input_ids=input_ids, sampling_params=sp, rid=base, **lp_kw,
+                                            **mm)
+            outs = outs if isinstance(outs, list) else [outs]
+            _raise_failed(outs)
+            choices = [{"index": k, "message": {"role": "assistant", "content": out["text"]},
+                        "logprobs": _chat_logprobs(out) if req.logprobs else None, **_finish(out)}
+                       for k, out in enumerate(outs)]
+            return _json_response({**meta, "object": "chat.completion", "choices": choices,
+                                   "usage": _usage(outs, req.n)})
+
+        calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
+                 for s, r in zip(_split_samples(sp, self.options.max_n), ids[base])]
+        streams = await self._start_streams(calls)
+        head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for k in range(len(calls))]
+
+        def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
+            return {"index": k, "delta": {"content": chunk["text"]} if chunk["text"] or not last else {},
+                    "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
+                    **(_finish(chunk) if last else {"finish_reason": None})}
+
+        return EventStream(self._openai_events(  # type: ignore[return-value]
+            streams, ids, {**meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options, req.n))
+
+    async def _openai_events(self, streams: list[AsyncIterator[dict]], ids: dict[str, list[str]],
+                             meta: dict[str, Any], head: list[dict], choice: Callable[[int, dict, bool], dict],
+                             options: StreamOptions | None, n: int) -> AsyncIterator[bytes]:
+        """OpenAI's stream: the `head` choices, one chunk per engine chunk (logprobs and finish_reason come with
+        a choice's last chunk), a usage chunk when stream_options.include_usage, then `data: [DONE]`."""
+        include_usage = bool(options and options.include_usage)
+        usage = {"usage": None} if include_usage else {}
+        finals: list[dict] = [{}] * len(streams)
+        with self.inflight.track(ids):
+            try:
+                for c in head:
+                    yield _sse({**meta, "choices": [c], **usage})
+                async with contextlib.aclosing(_merge(streams)) as chunks:
+                    async for k, chunk in chunks:
+                        last = "output_ids" in chunk
+                        if last:
+                            finals[k] = chunk
+                            _raise_failed([chunk])
+                        yield _sse({**meta, "choices": [choice(k, chunk, last)], **usage})
+                if include_usage:
+                    yield _sse({**meta, "choices": [], "usage": _usage(finals, n)})
+            except Exception as e:
+                err = e if isinstance(e, APIError) else _engine_error(e)
+                yield _sse({"error": {"message": err.message, "type": err.type, "code": err.status}})
+            yield _SSE_DONE
+
+    def _render_chat(self, messages: list[dict[str, Any]], media: _Media) -> tuple[str, list[Any], list[Any]]:
+        """The prompt text (the chat template over the messages) and its images and videos in order. A content
+        list's text parts are joined by newlines; an image_url (video_url) part becomes the model's image (video)
+        token in its place, with nothing around it, so text + image + text reads back as it was split."""
+        rendered, images, videos = [], [], []
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, "
+                                    f"got {role!r}", param="messages")
+            content = m.get("content")
+            if isinstance(content, list):
+                pieces, after_text = [], False
+                for j, part in enumerate(content):
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    where = f"messages[{i}].content[{j}]"
+                    if kind == "text":
+                        pieces += ["\n", str(part.get("text", ""))] if after_text else [str(part.get("text", ""))]
+                        after_text = True
+                    elif kind in ("image_url", "video_url"):
+                        pieces.append(self._media_part(part, kind, where, media, images, videos))
+                        after_text = False
+                    else:
+                        raise APIError(400, f"not supported yet: {where} of type {kind!r} (text, image_url, "
+                                            "video_url)", param="messages")
+                content = "".join(pieces)
+            elif content is None:
+                content = ""
+            elif not isinstance(content, str):
+                raise APIError(400, f"messages[{i}].content must be a string or a list of parts", param="messages")
+            msg = {"role": role, "content": content}
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+            rendered.append(msg)
+        try:
+            return self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True), images, videos
+        except Exception as e:
+            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
+
+    @staticmethod
+    def _media_part(part: dict[str, Any], kind: str, where: str, media: _Media, images: list[Any],
+                    videos: list[Any]) -> str:
+        """An image_url / video_url content part -> the model's token for it; the item joins images / videos."""
+        spec = part.get(kind)
+        if isinstance(spec, str):  # some clients send the URL alone
+            spec = {"url": spec}
+        if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+            raise APIError(400, f'{where}.{kind} must be {{"url": "data:..."}}', param="messages")
+        if kind == "image_url":
+            token = media.check_model("image", "messages")
+            images.append(media.item(spec["url"], "image", f"{where}.image_url.url"))
+        else:
+            token = media.check_model("video", "messages")
+            item = {"url": spec["url"], **({"num_frames": spec["num_frames"]} if "num_frames" in spec else {})}
+            videos.append(media.item(item, "video", f"{where}.video_url"))
+        return token

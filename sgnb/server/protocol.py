@@ -1,0 +1,380 @@
+"""The wire protocol: errors as JSON, bodies in and out, the request schemas, request ids and samples, and
+the pieces of OpenAI responses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+if TYPE_CHECKING:
+    pass
+
+
+log = logging.getLogger("sgnb.server")
+
+# SGLang frontends send these sampling names; they change nothing here (no spaces are inserted between
+# special tokens when decoding), so they are dropped rather than rejected.
+_IGNORED_SAMPLING_NAMES = ("spaces_between_special_tokens",)
+_HEALTH_TIMEOUT_S = 20.0
+_FLUSH_TIMEOUT_S = 30.0
+
+
+
+# ---- errors ----------------------------------------------------------------------------------------------
+class APIError(Exception):
+    """An error answered to the client as JSON; raised anywhere below a route handler."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type, param
+
+    def response(self) -> Response:
+        return _json_response({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                          "code": self.status}}, self.status)
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+                500: "internal_server_error", 503: "service_unavailable"}
+
+
+def _engine_error(e: BaseException) -> APIError:
+    """Map what the engine raises for a request to an HTTP error."""
+    from sgnb.engine.engine import EngineError
+
+    if isinstance(e, NotImplementedError):
+        return APIError(400, f"not supported yet: {e}")
+    if isinstance(e, (TypeError, ValueError)):
+        return APIError(400, str(e))
+    if isinstance(e, EngineError):
+        return APIError(503, str(e), "service_unavailable")
+    log.exception("request failed", exc_info=e)
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_server_error")
+
+
+# ---- JSON in and out ---------------------------------------------------------------------------------------
+def _finite(obj: Any) -> Any:
+    """Replace non-finite floats by None (as orjson does): strict JSON parsers reject Infinity and NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a -inf logprob somewhere: rare, so only then walk the object
+        text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8")
+
+
+def _json_response(obj: Any, status: int = 200) -> Response:
+    return Response(_dumps(obj), status_code=status, media_type="application/json")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        raise APIError(400, "the request body is empty: send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"malformed JSON in the request body: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _validate(schema: type[BaseModel], body: dict[str, Any]) -> Any:
+    try:
+        return schema.model_validate(body)
+    except ValidationError as e:
+        raise APIError(400, _explain(e)) from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
+
+
+def _explain(e: ValidationError) -> str:
+    """One readable line per problem: `unknown field 'x'` or `field.path: what is wrong`."""
+    lines: list[str] = []
+    for err in e.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown field {loc!r}")
+        elif err["type"] == "missing":
+            lines.append(f"missing required field {loc!r}")
+        else:
+            lines.append(f"{loc}: {err['msg']}")
+    return "invalid request: " + "; ".join(dict.fromkeys(lines))
+
+
+# ---- request schemas -----------------------------------------------------------------------------------------
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class GenerateRequest(_Schema):
+    """SGLang's /generate body (GenerateReqInput), minus what this engine cannot do."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+    image_data: Any = None  # see _Media
+    video_data: Any = None
+    # SGLang fields accepted for compatibility: only their neutral values are
+    audio_data: Any = None
+    modalities: Any = None
+    lora_path: Any = None
+    return_hidden_states: bool = False
+    custom_logit_processor: Any = None
+    log_metrics: bool = True
+
+
+class StreamOptions(_Schema):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _OpenAISampling(_Schema):
+    """Sampling fields shared by /v1/completions and /v1/chat/completions, OpenAI's and SGLang's extras."""
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # SGLang extensions (sampling_params names where they differ: min_tokens -> min_new_tokens)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    rid: str | None = None
+
+    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
+        if self.logit_bias:
+            raise APIError(400, "not supported yet: logit_bias", param="logit_bias")
+        values = {
+            "max_new_tokens": max_new_tokens, "temperature": self.temperature, "top_p": self.top_p, "n": self.n,
+            "stop": self.stop, "seed": self.seed, "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty, "top_k": self.top_k, "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty, "min_new_tokens": self.min_tokens,
+            "stop_token_ids": self.stop_token_ids, "stop_regex": self.stop_regex, "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens, "no_stop_trim": self.no_stop_trim,
+            "regex": self.regex, "ebnf": self.ebnf, "json_schema": self.json_schema,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    # accepted and ignored
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+
+
+class AbortRequest(_Schema):
+    rid: str | None = None
+    abort_all: bool = False
+
+
+# ---- in-flight request ids (for /abort_request) ------------------------------------------------------------------
+class _Inflight:
+    """Request ids a client may name in /abort_request -> the engine request ids they cover (n > 1 expands)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def track(self, ids: dict[str, list[str]]) -> Iterator[None]:
+        self._ids.update(ids)
+        try:
+            yield
+        finally:
+            for key in ids:
+                self._ids.pop(key, None)
+
+    def engine_ids(self, rid: str | None, abort_all: bool) -> list[str]:
+        if abort_all:
+            return [r for ids in self._ids.values() for r in ids]
+        return self._ids.get(rid, [rid]) if rid else []
+
+
+def _new_rid() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _engine_rids(base: str, n: int) -> list[str]:
+    """The engine names the samples of an n > 1 request base-0 .. base-(n-1) (Engine._make_reqs)."""
+    return [base] if n == 1 else [f"{base}-{j}" for j in range(n)]
+
+
+def _n_of(params: dict[str, Any], max_n: int) -> int:
+    n = params.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise APIError(400, f"sampling_params.n={n!r}: must be an int >= 1", param="n")
+    if n > max_n:
+        raise APIError(400, f"n={n}: at most {max_n} samples per prompt on this server (--max-n)", param="n")
+    return n
+
+
+def _split_samples(params: dict[str, Any], max_n: int) -> list[dict[str, Any]]:
+    """n samples as n separate n=1 requests, seeded as the engine seeds them (seed + j)."""
+    n = _n_of(params, max_n)
+    if n == 1:
+        return [params]
+    seed = params.get("seed")
+    return [{**params, "n": 1, **({"seed": seed + j} if isinstance(seed, int) else {})} for j in range(n)]
+
+
+def _per_item(value: Any, count: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise APIError(400, f"{name} has {len(value)} entries for {count} prompts")
+        return value
+    return [value] * count
+
+
+# ---- OpenAI request and response pieces ------------------------------------------------------------------------
+def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    """response_format -> sampling params (json_object and json_schema become a JSON-schema constraint)."""
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": '{"type": "object"}'}
+    spec = fmt.get("json_schema")
+    if kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict):
+        return {"json_schema": json.dumps(spec.get("schema", {}))}
+    raise APIError(400, "response_format must be {type: text}, {type: json_object} or "
+                        "{type: json_schema, json_schema: {schema: {...}}}", param="response_format")
+
+
+def _batch_kw(prompts: list[Any]) -> dict[str, Any]:
+    if all(isinstance(p, str) for p in prompts):
+        return {"prompt": prompts}
+    if all(isinstance(p, list) for p in prompts):
+        return {"input_ids": prompts}
+    raise APIError(400, "prompt: mix of text and token ids", param="prompt")
+
+
+def _raise_failed(outs: list[dict]) -> None:
+    """A request the engine failed on (finish_reason abort with an error) is a 500 for OpenAI clients."""
+    for out in outs:
+        error = out["meta_info"].get("error")
+        if error:
+            raise APIError(500, f"generation failed: {error}", "internal_server_error")
+
+
+def _finish(out: dict) -> dict[str, Any]:
+    reason = out["meta_info"]["finish_reason"] or {}
+    kind = reason.get("type")
+    return {"finish_reason": kind, "matched_stop": reason.get("matched") if kind == "stop" else None}
+
+
+def _usage(outs: list[dict], n: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (the n samples of a prompt share it); completions add up."""
+    metas = [o["meta_info"] for o in outs if o]
+    firsts = [m for k, m in enumerate(metas) if k % n == 0]
+    prompt = sum(m["prompt_tokens"] for m in firsts)
+    completion = sum(m["completion_tokens"] for m in metas)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)}}
+
+
+def _completion_logprobs(out: dict, echo: bool) -> dict[str, Any]:
+    """The legacy completions format: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset.
+    With echo the prompt's tokens come first (the first has no logprob)."""
+    meta = out["meta_info"]
+    inputs = list(meta.get("input_token_logprobs") or []) if echo else []
+    outputs = list(meta.get("output_token_logprobs") or [])
+    tops = ((list(meta.get("input_top_logprobs") or [None] * len(inputs)) if echo else [])
+            + list(meta.get("output_top_logprobs") or [None] * len(outputs)))
+    entries = inputs + outputs
+    offset, tokens, offsets = 0, [], []
+    for _, _, text in entries:
+        tokens.append(text or "")
+        offsets.append(offset)
+        offset += len(text or "")
+    return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in entries],
+            "top_logprobs": [None if t is None else {text or "": lp for lp, _, text in t} for t in tops],
+            "text_offset": offsets}
+
+
+def _chat_logprobs(out: dict) -> dict[str, Any]:
+    meta = out["meta_info"]
+    entries = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or [None] * len(entries)
+
+    def item(lp: float, text: str | None) -> dict[str, Any]:
+        text = text or ""
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**item(lp, text), "top_logprobs": [item(tlp, tt) for tlp, _, tt in (top or [])]}
+                        for (lp, _, text), top in zip(entries, tops)]}
