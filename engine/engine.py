@@ -35,6 +35,7 @@ from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
+from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choose, score_start
@@ -262,44 +263,16 @@ class Engine:
         videos = [it for it in items if it.kind == "video"]
         return images[len(images) - n_img:] + videos[len(videos) - n_vid:]
 
-    def _make_reqs(self, prompt: Prompt, input_ids: InputIds, sampling_params: dict | list[dict] | None,
-                   return_logprob: bool | list[bool], logprob_start_len: int | list[int],
-                   top_logprobs_num: int | list[int], rid: str | list[str] | None,
-                   image_data: Any = None, video_data: Any = None,
-                   fit_to_context: bool = True) -> tuple[list[Req], bool]:
+    def _make_reqs(self, inp: GenerateInput, fit_to_context: bool = True) -> tuple[list[Req], bool]:
         """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here.
         fit_to_context: a max_new_tokens past the context length is lowered to fit (the in-process default) or,
         False, refused (what HTTP clients get, as from OpenAI and SGLang)."""
-        batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids)
-                                               and isinstance(input_ids[0], list))
-        if batched:
-            count = len(prompt) if prompt is not None else len(input_ids)  # type: ignore[arg-type]
-            if count == 0:
-                raise ValueError("an empty batch of prompts")
-            prompts = list(prompt) if prompt is not None else [None] * count
-            id_lists = list(input_ids) if input_ids is not None else [None] * count  # type: ignore[arg-type]
-        else:
-            count, prompts, id_lists = 1, [prompt], [input_ids]
-
-        def per_item(value: Any, name: str) -> list[Any]:
-            if isinstance(value, list):
-                if len(value) != count:
-                    raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
-                return value
-            return [value] * count
-
-        params = per_item(sampling_params, "sampling_params")
-        lps, starts, tops = (per_item(return_logprob, "return_logprob"),
-                             per_item(logprob_start_len, "logprob_start_len"),
-                             per_item(top_logprobs_num, "top_logprobs_num"))
-        rids = per_item(rid, "rid") if isinstance(rid, list) else [rid] * count
-        images = per_item(image_data, "image_data") if batched and image_data is not None else [image_data] * count
-        videos = per_item(video_data, "video_data") if batched and video_data is not None else [video_data] * count
+        items = inp.prompts()
         reqs: list[Req] = []
-        for i in range(count):
-            ids = self._tokens(prompts[i], id_lists[i])  # type: ignore[arg-type]
-            ids, placements = self._with_media(ids, images[i], videos[i])
-            sp = SamplingParams.from_dict(params[i])
+        for item in items:
+            ids = self._tokens(item.prompt, item.input_ids)  # type: ignore[arg-type]
+            ids, placements = self._with_media(ids, item.image_data, item.video_data)
+            sp = SamplingParams.from_dict(item.sampling_params)
             grammar_future = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
                 from sgnb.engine.grammar import constraint_of
@@ -321,10 +294,10 @@ class Engine:
                                  f"tokens plus that many new ones cannot fit this engine's KV pool of {pool} "
                                  f"tokens; ask for at most {pool - len(ids)} (or a bigger max_total_tokens)")
             vocab = self.source.config.vocab_size
-            start, top = starts[i], tops[i]
+            start, top = item.logprob_start_len, item.top_logprobs_num
             if not _strict_int(start) or start < -1:
                 raise ValueError(f"logprob_start_len={start!r}: must be an int >= -1")
-            if lps[i] and start >= len(ids):
+            if item.return_logprob and start >= len(ids):
                 raise ValueError(f"logprob_start_len={start} must be < the prompt length {len(ids)} (or -1)")
             if not _strict_int(top) or not 0 <= top <= vocab:
                 raise ValueError(f"top_logprobs_num={top!r}: must be an int in [0, {vocab}] (the vocabulary)")
@@ -332,16 +305,16 @@ class Engine:
             if outside:
                 raise ValueError(f"sampling_params.stop_token_ids holds ids outside the vocabulary [0, {vocab}): "
                                  f"{outside[:5]}")
-            base = rids[i] or uuid.uuid4().hex[:12]
-            for j in range(sp.n):
-                req = Req(base if sp.n == 1 else f"{base}-{j}", ids, dataclasses.replace(sp, n=1),
-                          return_logprob=bool(lps[i]), logprob_start_len=start, top_logprobs_num=int(tops[i]))
+            base = item.rid or uuid.uuid4().hex[:12]
+            for j, name in enumerate(sample_rids(base, sp.n)):
+                req = Req(name, ids, dataclasses.replace(sp, n=1), return_logprob=bool(item.return_logprob),
+                          logprob_start_len=start, top_logprobs_num=top)
                 req.grammar_future = grammar_future
                 req.mm = placements
                 if sp.seed is not None:
-                    req.generator = torch.Generator(device=self.runner.device).manual_seed(sp.seed + j)
+                    req.generator = torch.Generator(device=self.runner.device).manual_seed(sample_seed(sp.seed, j))
                 reqs.append(req)
-        return reqs, batched or len(reqs) > 1
+        return reqs, inp.batched or len(reqs) > 1
 
     def generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
                  input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
@@ -361,8 +334,8 @@ class Engine:
         aborts the requests, which frees their KV and cache locks.
         """
         self._check_open()
-        reqs, many = self._make_reqs(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                     top_logprobs_num, rid, image_data, video_data)
+        reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
+                                                   logprob_start_len, top_logprobs_num, rid, image_data, video_data))
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
@@ -421,8 +394,8 @@ class Engine:
         """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests.
         fit_to_context=False refuses a max_new_tokens past the context length instead of lowering it."""
         self._check_open()
-        args = (prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, rid,
-                image_data, video_data, fit_to_context)
+        args = (GenerateInput(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                              top_logprobs_num, rid, image_data, video_data), fit_to_context)
         # images, videos and long texts are decoded, preprocessed and tokenized off the caller's event loop (a
         # server's: a multi-megabyte prompt would stall every other client meanwhile)
         text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sgnb.engine.request_input import GenerateInput, sample_rids, split_samples
 from sgnb.server.access import ServerOptions
 from sgnb.server.media import _Media
 from sgnb.server.protocol import (
@@ -24,14 +25,11 @@ from sgnb.server.protocol import (
     APIError,
     GenerateRequest,
     _engine_error,
-    _engine_rids,
     _Inflight,
     _json_body,
     _json_response,
     _n_of,
     _new_rid,
-    _per_item,
-    _split_samples,
     _sse,
     _validate,
 )
@@ -91,19 +89,20 @@ class NativeRoutes(_Routes):
             raise APIError(400, "give exactly one of text or input_ids")
         source = req.text if req.text is not None else req.input_ids
         prompt_key = "prompt" if req.text is not None else "input_ids"
-        batched = isinstance(req.text, list) or (bool(req.input_ids) and isinstance(req.input_ids[0], list))
-        prompts: list[Any] = list(source) if batched else [source]  # type: ignore[arg-type]
-        count = len(prompts)
-        if count == 0:
-            raise APIError(400, "an empty batch of prompts")
-        if batched and isinstance(req.rid, str):
-            raise APIError(400, "rid must be a list with one id per prompt for a batch", param="rid")
-        params = [self._native_sampling(p) for p in _per_item(req.sampling_params, count, "sampling_params")]
-        rids = [r or _new_rid() for r in _per_item(req.rid, count, "rid")]
-        lps = [bool(x) for x in _per_item(req.return_logprob, count, "return_logprob")]
-        starts = [-1 if x is None else x for x in _per_item(req.logprob_start_len, count, "logprob_start_len")]
-        tops = [0 if x is None else x for x in _per_item(req.top_logprobs_num, count, "top_logprobs_num")]
-        ids = {r: _engine_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
+        inp = GenerateInput(req.text, req.input_ids, req.sampling_params, req.return_logprob, req.logprob_start_len,
+                            req.top_logprobs_num, req.rid)
+        try:
+            items = inp.prompts()  # the engine's own normalization: one entry per prompt
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        batched, count = inp.batched, len(items)
+        prompts: list[Any] = [it.prompt if req.text is not None else it.input_ids for it in items]
+        params = [self._native_sampling(it.sampling_params) for it in items]
+        rids = [it.rid or _new_rid() for it in items]
+        lps = [bool(it.return_logprob) for it in items]
+        starts = [-1 if it.logprob_start_len is None else it.logprob_start_len for it in items]
+        tops = [0 if it.top_logprobs_num is None else it.top_logprobs_num for it in items]
+        ids = {r: sample_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
         if any(t > self.options.max_top_logprobs_num for t in tops if isinstance(t, int)):
             raise APIError(400, f"top_logprobs_num: at most {self.options.max_top_logprobs_num} on this server "
                                 "(--max-top-logprobs-num)", param="top_logprobs_num")
@@ -133,7 +132,7 @@ class NativeRoutes(_Routes):
 
             calls = []
             for i, prompt in enumerate(prompts):
-                for sp, rid in zip(_split_samples(params[i], self.options.max_n), ids[rids[i]]):
+                for sp, rid in zip(split_samples(params[i], len(ids[rids[i]])), ids[rids[i]]):
                     calls.append({prompt_key: prompt, "sampling_params": sp,
                                   "return_logprob": lps[i], "logprob_start_len": starts[i],
                                   "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 if TYPE_CHECKING:
     pass
+from sgnb.engine.request_input import sample_rids, split_samples
 from sgnb.server.media import _Media
 from sgnb.server.native_api import _Routes
 from sgnb.server.protocol import (
@@ -24,7 +25,6 @@ from sgnb.server.protocol import (
     _chat_logprobs,
     _completion_logprobs,
     _engine_error,
-    _engine_rids,
     _finish,
     _json_body,
     _json_response,
@@ -32,7 +32,6 @@ from sgnb.server.protocol import (
     _new_rid,
     _raise_failed,
     _response_format,
-    _split_samples,
     _sse,
     _usage,
     _validate,
@@ -70,7 +69,7 @@ class OpenAIRoutes(_Routes):
         base = req.rid or _new_rid()
         rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
         _n_of({"n": req.n}, self.options.max_n)
-        ids = {base: [r for rid in rids for r in _engine_rids(rid, req.n)]}
+        ids = {base: [r for rid in rids for r in sample_rids(rid, req.n)]}
         lp_kw = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
                  "logprob_start_len": 0 if req.echo and want_lp else -1, "return_text_in_logprobs": True}
         meta = {"id": f"cmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
@@ -103,7 +102,7 @@ class OpenAIRoutes(_Routes):
 
         calls = [{**prompt_kw(p), "sampling_params": s, "rid": r, **lp_kw}
                  for i, p in enumerate(prompts)
-                 for s, r in zip(_split_samples(sp, self.options.max_n), _engine_rids(rids[i], req.n))]
+                 for s, r in zip(split_samples(sp, req.n), sample_rids(rids[i], req.n))]
         streams = await self._start_streams(calls)
         head = [{"index": k, "text": echo_text(k // req.n), "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))] if req.echo else []
@@ -137,7 +136,7 @@ class OpenAIRoutes(_Routes):
         sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
         _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
-        ids = {base: _engine_rids(base, req.n)}
+        ids = {base: sample_rids(base, req.n)}
         lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
                  "return_text_in_logprobs": True}
         meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
@@ -155,7 +154,7 @@ class OpenAIRoutes(_Routes):
                                    "usage": _usage(outs, req.n)})
 
         calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
-                 for s, r in zip(_split_samples(sp, self.options.max_n), ids[base])]
+                 for s, r in zip(split_samples(sp, req.n), ids[base])]
         streams = await self._start_streams(calls)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))]

@@ -268,11 +268,6 @@ def _new_rid() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _engine_rids(base: str, n: int) -> list[str]:
-    """The engine names the samples of an n > 1 request base-0 .. base-(n-1) (Engine._make_reqs)."""
-    return [base] if n == 1 else [f"{base}-{j}" for j in range(n)]
-
-
 def _n_of(params: dict[str, Any], max_n: int) -> int:
     n = params.get("n", 1)
     if n is None:
@@ -282,23 +277,6 @@ def _n_of(params: dict[str, Any], max_n: int) -> int:
     if n > max_n:
         raise APIError(400, f"n={n}: at most {max_n} samples per prompt on this server (--max-n)", param="n")
     return n
-
-
-def _split_samples(params: dict[str, Any], max_n: int) -> list[dict[str, Any]]:
-    """n samples as n separate n=1 requests, seeded as the engine seeds them (seed + j)."""
-    n = _n_of(params, max_n)
-    if n == 1:
-        return [params]
-    seed = params.get("seed")
-    return [{**params, "n": 1, **({"seed": seed + j} if isinstance(seed, int) else {})} for j in range(n)]
-
-
-def _per_item(value: Any, count: int, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != count:
-            raise APIError(400, f"{name} has {len(value)} entries for {count} prompts")
-        return value
-    return [value] * count
 
 
 # ---- OpenAI request and response pieces ------------------------------------------------------------------------
