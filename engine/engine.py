@@ -133,6 +133,10 @@ class Engine:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+            limit = min(self.context_length, self.runner.kv_pool.size)
+            if len(prompt) > (limit - 1) * self.tokenizer.max_token_chars:  # too long to fit: skip encoding it
+                raise ValueError(f"the prompt has {len(prompt)} characters, more than the {limit - 1} tokens this "
+                                 f"engine takes could hold (context length {self.context_length})")
             ids = self.tokenizer.encode(prompt)
             if ids and max(ids) >= vocab:
                 raise ValueError(
@@ -142,6 +146,9 @@ class Engine:
                        "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
                        if self.source.dummy else ""))
         else:
+            if isinstance(input_ids, (str, bytes)) or not all(
+                    isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in input_ids):
+                raise ValueError("input_ids must be a list of ints")
             ids = [int(t) for t in input_ids]  # type: ignore[union-attr]
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:

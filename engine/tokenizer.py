@@ -145,6 +145,14 @@ class Tokenizer:
         return self._add_bos
 
     @property
+    def max_token_chars(self) -> int:
+        """The longest token's string (byte-level or sentencepiece form): no token decodes to more characters,
+        so a text of N characters needs at least N / max_token_chars tokens (a length check before encoding)."""
+        if getattr(self, "_max_token_chars", None) is None:
+            self._max_token_chars = max((len(t) for t in self._tk.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
+
+    @property
     def backend(self) -> _HFTokenizer:
         """The wrapped `tokenizers.Tokenizer` (read-only use; e.g. for grammar backends)."""
         return self._tk

@@ -274,6 +274,10 @@ def test_prompt_larger_than_pool_is_rejected():
         ({"sampling_params": {"stop_regex": "(unclosed"}}, ValueError, "stop_regex"),
         ({"sampling_params": {"max_tokens": 3}}, TypeError, "max_tokens"),
         ({"prompt": None, "input_ids": [1, 2, 10**9]}, ValueError, "vocabulary"),
+        ({"prompt": None, "input_ids": [1, 2.5, 3]}, ValueError, "input_ids must be a list of ints"),
+        ({"prompt": None, "input_ids": [1, True]}, ValueError, "input_ids must be a list of ints"),
+        # far too long: refused by its length in characters, before the tokenizer reads it
+        ({"prompt": "x" * 3_000_000}, ValueError, "3000000 characters"),
         ({"return_logprob": True, "logprob_start_len": 999}, ValueError, "logprob_start_len"),
         # strict types: a mistake is reported with the field's name, never coerced
         ({"sampling_params": {"max_new_tokens": 2.5}}, ValueError, "max_new_tokens=2.5: must be an int"),
