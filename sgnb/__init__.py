@@ -9,9 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sgnb.backends.base import Backend, BackendError
-from sgnb.function import SglFunction, function, get_default_backend, set_default_backend
+from sgnb.function import SglFunction, function, get_default_backend, global_config, set_default_backend
 from sgnb.interpreter import ProgramError
 from sgnb.primitives import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
     assistant,
     assistant_begin,
     assistant_end,
@@ -99,6 +103,7 @@ def get_server_info(backend: Backend | None = None) -> dict:
 
 
 __all__ = [
+    "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "global_config",
     "Anthropic", "Backend", "BackendError", "Engine", "EngineConfig", "OpenAI", "ProgramError", "ProgramState",
     "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "SglFunction", "assistant",
     "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",

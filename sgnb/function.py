@@ -31,6 +31,22 @@ def get_default_backend() -> Backend | None:
     return _default_backend
 
 
+class GlobalConfig:
+    """`sgl.global_config`, as SGLang programs use it: `default_backend` is the backend set_default_backend sets
+    (reading and assigning it are the same as get_default_backend / set_default_backend)."""
+
+    @property
+    def default_backend(self) -> Backend | None:
+        return get_default_backend()
+
+    @default_backend.setter
+    def default_backend(self, backend: Backend | None) -> None:
+        set_default_backend(backend)
+
+
+global_config = GlobalConfig()
+
+
 def _resolve_backend(backend: Backend | None) -> Backend:
     backend = backend or _default_backend
     if backend is None:

@@ -46,6 +46,14 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     return ir.Gen(name, params, dtype, where=where)
 
 
+# SGLang's ready-made patterns for gen(regex=...), with SGLang's values (sglang.lang.ir), so programs using them
+# constrain exactly as they do there
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Node:
     return gen(name, dtype=int, **kwargs)
 

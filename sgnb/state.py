@@ -169,8 +169,18 @@ class ProgramStateGroup:
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """What `forks[i] += x` stores back: branch i itself (appended to in place). Branches are fixed."""
+        if value is not self.states[i]:
+            raise TypeError("a fork's branches cannot be replaced: append to one with forks[i] += ...")
+
     def __iadd__(self, other: Any) -> ProgramStateGroup:
-        """`forks += x` appends x to every branch (a list appends one item per branch)."""
+        """`forks += x` appends x to every branch (a list appends one item per branch; a callable, as in
+        SGLang, is called with each branch's index and its result appended to that branch)."""
+        if callable(other) and not isinstance(other, ir.Node):
+            for i, s in enumerate(self.states):
+                s += other(i)
+            return self
         if isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
                 raise ValueError(f"{len(other)} items for {len(self.states)} branches")

@@ -68,6 +68,7 @@ def create_app(engine: Engine, options: ServerOptions | None = None) -> Any:
         Route("/health_generate", _handler(s.health_generate), methods=["GET"]),
         Route("/abort_request", _handler(s.abort_request), methods=["POST", "PUT"]),
         Route("/v1/models", _handler(s.list_models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _handler(s.retrieve_model), methods=["GET"]),
         Route("/v1/completions", _handler(s.completions), methods=["POST"]),
         Route("/v1/chat/completions", _handler(s.chat_completions), methods=["POST"]),
     ]

@@ -46,6 +46,14 @@ class OpenAIRoutes(_Routes):
     async def list_models(self, request: Request) -> Response:
         return _json_response({"object": "list", "data": [self._model_card()]})
 
+    async def retrieve_model(self, request: Request) -> Response:
+        """GET /v1/models/{model}: the served model's card, or 404 naming the one this server has."""
+        name = request.path_params["model"]
+        if name != self.engine.model_name:
+            raise APIError(404, f"model {name!r} not found: this server serves {self.engine.model_name!r}",
+                           "not_found_error", param="model")
+        return _json_response(self._model_card())
+
     def _model_card(self) -> dict[str, Any]:
         e = self.engine
         modalities = ["text"] + ["image"] * (e.image_token is not None) + ["video"] * (e.video_token is not None)

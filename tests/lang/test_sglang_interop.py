@@ -65,3 +65,48 @@ def test_sglang_frontend_batch_fork_and_chat(sglang_endpoint):
 
     st = chat.run(backend=sglang_endpoint)
     assert isinstance(st["reply"], str) and st.messages()[-1]["role"] == "assistant"
+
+
+# ---- SGLang idioms through sgnb itself (`import sgnb as sgl`) --------------------------------------------------
+def test_regex_constants_are_sglangs():
+    import sglang.lang.ir as sglang_ir
+
+    import sgnb
+
+    for name in ("REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR"):
+        assert getattr(sgnb, name) == getattr(sglang_ir, name), name
+
+
+def test_sglang_fork_idioms_run_unchanged(engine):
+    """`forks[i] += ...` (SGLang's test_parallel_decoding) and `forks += lambda i: ...` (test_parallel_encoding),
+    REGEX_INT and global_config.default_backend, as SGLang programs write them."""
+    import re
+
+    import sgnb as sgl
+
+    @sgl.function
+    def tips(s, topic):
+        s += "Here are two tips for " + topic + ".\n"
+        forks = s.fork(2)
+        for i in range(2):
+            forks[i] += f"Tip {i + 1}:" + sgl.gen("tip", max_tokens=8, stop="\n", temperature=0)
+        forks += lambda i: f"\nThat was tip number {i + 1}."
+        forks.join()
+        s += "Count of tips:" + sgl.gen("count", max_tokens=4, regex=sgl.REGEX_INT, temperature=0)
+        return forks
+
+    before = sgl.global_config.default_backend
+    sgl.global_config.default_backend = sgl.Runtime(engine=engine)
+    try:
+        assert sgl.get_default_backend() is sgl.global_config.default_backend
+        st = tips.run(topic="sleep")
+    finally:
+        sgl.global_config.default_backend = before
+    assert st.error() is None, st.error()
+    assert isinstance(st["tip"], list) and len(st["tip"]) == 2
+    forks = st.ret_value
+    for i in range(2):
+        assert forks[i].text().endswith(f"That was tip number {i + 1}.")
+    assert re.fullmatch(sgl.REGEX_INT, st["count"]), st["count"]
+    with pytest.raises(TypeError, match="cannot be replaced"):
+        forks[0] = forks[1]

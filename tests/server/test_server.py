@@ -96,6 +96,9 @@ def test_info_health_and_flush(server, engine):
     assert _request(server, "GET", "/server_info")[0] == _request(server, "GET", "/model_info")[0] == 200
     models = json.loads(_request(server, "GET", "/v1/models")[1])
     assert [m["id"] for m in models["data"]] == [engine.model_name]
+    assert json.loads(_request(server, "GET", f"/v1/models/{engine.model_name}")[1]) == models["data"][0]
+    status, body = _request(server, "GET", "/v1/models/gpt-9")
+    assert status == 404 and b"this server serves" in body
     assert _request(server, "POST", "/flush_cache")[0] == 200
     assert _request(server, "GET", "/flush_cache")[0] == 405  # admin routes change state: POST only
 
