@@ -22,12 +22,15 @@ from sgnb.primitives import (
     gen,
     gen_int,
     gen_string,
+    greedy_token_selection,
     image,
     select,
     separate_reasoning,
     system,
     system_begin,
     system_end,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
     user,
     user_begin,
     user_end,
@@ -103,7 +106,8 @@ def get_server_info(backend: Backend | None = None) -> dict:
 
 
 __all__ = [
-    "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "global_config",
+    "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "global_config", "greedy_token_selection",
+    "token_length_normalized", "unconditional_likelihood_normalized",
     "Anthropic", "Backend", "BackendError", "Engine", "EngineConfig", "OpenAI", "ProgramError", "ProgramState",
     "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "SglFunction", "assistant",
     "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",

@@ -54,6 +54,13 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
 
+# SGLang's choices methods, by the names select(choices_method=...) takes: sgl.select(..., choices_method=
+# sgl.unconditional_likelihood_normalized) reads as in SGLang
+token_length_normalized = "token_length_normalized"
+greedy_token_selection = "greedy_token_selection"
+unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
+
+
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Node:
     return gen(name, dtype=int, **kwargs)
 

@@ -108,5 +108,12 @@ def test_sglang_fork_idioms_run_unchanged(engine):
     for i in range(2):
         assert forks[i].text().endswith(f"That was tip number {i + 1}.")
     assert re.fullmatch(sgl.REGEX_INT, st["count"]), st["count"]
+
+    @sgl.function
+    def pick(s, method):
+        s += "Is ice cold? Answer:" + sgl.select("a", choices=[" yes", " no"], choices_method=method)
+
+    for method in (sgl.token_length_normalized, sgl.greedy_token_selection, sgl.unconditional_likelihood_normalized):
+        assert pick.run(method=method, backend=sgl.Runtime(engine=engine))["a"] in (" yes", " no")
     with pytest.raises(TypeError, match="cannot be replaced"):
         forks[0] = forks[1]
