@@ -385,7 +385,7 @@ class Engine:
                     return
                 safe = _stream_safe_len(r.text, r.sampling.stop)
                 if safe > sent:
-                    yield {"text": r.text[sent:safe], "meta_info": {"id": r.rid, "completion_tokens": len(r.output_ids)}}
+                    yield {"text": r.text[sent:safe], "meta_info": self._partial_meta(r, text_in_logprobs)}
                     sent = safe
         finally:
             if not req.finished:
@@ -448,7 +448,7 @@ class Engine:
                     return
                 safe = _stream_safe_len(req.text, req.sampling.stop)
                 if safe > sent:
-                    yield {"text": req.text[sent:safe], "meta_info": {"id": req.rid}}
+                    yield {"text": req.text[sent:safe], "meta_info": self._partial_meta(req, text_in_logprobs)}
                     sent = safe
         finally:
             if not req.finished:
@@ -485,6 +485,15 @@ class Engine:
                 meta["output_top_logprobs"] = [None if t is None else fmt(t, text_in_logprobs)
                                                for t in req.output_top_logprobs]
         return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def _partial_meta(self, req: Req, text_in_logprobs: bool) -> dict:
+        """A stream chunk's meta_info (as SGLang's stream chunks carry it): token counts so far, and the output
+        logprobs so far when asked for."""
+        meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(req.origin_input_ids),
+                                "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
+        if req.return_logprob:
+            meta["output_token_logprobs"] = self._fmt_logprobs(list(req.output_token_logprobs), text_in_logprobs)
+        return meta
 
     def _fmt_logprobs(self, items: list[tuple], with_text: bool) -> list[tuple]:
         return [(lp, tok, self._token_text(tok) if with_text else None) for lp, tok in items]

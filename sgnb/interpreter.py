@@ -85,7 +85,7 @@ class StreamExecutor:
         self.subscribers: list[Callable[[dict[str, Any]], None]] = list(parent.subscribers) if parent else []
         self.parent_id = parent.id if parent else None
         # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
-        self.chunks: list[tuple[str | None, str]] = []
+        self.chunks: list[tuple[str | None, str, dict | None]] = []  # (variable, text, the gen's meta so far)
         self.chunks_cond = threading.Condition()
         self.done = False
         self.use_thread = use_thread
@@ -160,12 +160,12 @@ class StreamExecutor:
         for item in node.items:
             self._execute(item)
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         if not text:
             return
         self.text_ += text
         with self.chunks_cond:
-            self.chunks.append((var, text))
+            self.chunks.append((var, text, meta))
             self.chunks_cond.notify_all()
         self.emit({"type": "text", "text": text, "var": var})
 
@@ -188,11 +188,11 @@ class StreamExecutor:
             pieces, meta = [], {}
             for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
                 pieces.append(piece)
-                self._append(piece, node.name)
+                self._append(piece, node.name, meta)
             value = "".join(pieces)
         else:
             value, meta = self.backend.generate(ctx, params)
-            self._append(value, node.name)
+            self._append(value, node.name, meta)
         if node.dtype is not None:
             value = _convert(value, node.dtype)
         self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta)})
@@ -249,7 +249,7 @@ class StreamExecutor:
         self.images_.append(media)
         self.text_ += token
         with self.chunks_cond:
-            self.chunks.append((None, token))
+            self.chunks.append((None, token, None))
             self.chunks_cond.notify_all()
         label = describe(media)
         self.emit({"type": media.kind, "index": len(self.images_) - 1, "text": token, "source": label,

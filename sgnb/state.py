@@ -123,8 +123,11 @@ class ProgramState:
         self.executor.abort()
 
     # ---- streaming --------------------------------------------------------------------------------------
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Text as it is appended (run with stream=True for token-by-token gens); only var_name's if given."""
+    def text_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+        """Text as it is appended (run with stream=True for token-by-token gens); only var_name's if given.
+        return_meta_data=True (SGLang's): (text, meta_info) pairs, meta_info being the gen's as it stood when
+        that text arrived (completion_tokens so far; the full meta_info with its last piece; None for text
+        that no gen produced)."""
         exe, i = self.executor, 0
         while True:
             with exe.chunks_cond:
@@ -132,15 +135,15 @@ class ProgramState:
                     exe.chunks_cond.wait(0.1)
                 batch, i = exe.chunks[i:], len(exe.chunks)
                 finished = exe.done or exe.error_ is not None
-            for var, text in batch:
+            for var, text, meta in batch:
                 if var_name is None or var == var_name:
-                    yield text
+                    yield (text, meta) if return_meta_data else text
             if finished and i >= len(exe.chunks):
                 exe.raise_error()
                 return
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        it = self.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+        it = self.text_iter(var_name, return_meta_data)
         sentinel = object()
         while True:
             chunk = await asyncio.to_thread(next, it, sentinel)

@@ -81,6 +81,12 @@ def test_streaming_text_iter(backend):
     assert len(pieces) > 3 and "".join(pieces) == state["rest"]
     full = "".join(state.text_iter())
     assert full == state.text()
+    # SGLang's return_meta_data: (text, meta_info) pairs; the token count grows, the last is the gen's whole meta
+    pairs = list(state.text_iter("rest", return_meta_data=True))
+    assert "".join(t for t, _ in pairs) == state["rest"]
+    if not isinstance(backend, sgl.OpenAI):  # OpenAI's stream chunks carry no token counts
+        counts = [m["completion_tokens"] for _, m in pairs]
+        assert counts == sorted(counts) and counts[-1] == state.get_meta_info("rest")["completion_tokens"]
 
 
 def test_gen_errors_at_the_call_site():

@@ -149,6 +149,9 @@ def test_generate_stream_is_cumulative(server, engine):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # what SGLang's RuntimeEndpoint slices
     assert texts[-1] == expect["text"] and events[-2]["output_ids"] == expect["output_ids"]
     assert events[-2]["meta_info"]["finish_reason"]["type"] == "length"
+    counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]  # every chunk carries its counts
+    assert counts == sorted(counts) and counts[-1] == len(expect["output_ids"])
+    assert all(e["meta_info"]["prompt_tokens"] == expect["meta_info"]["prompt_tokens"] for e in events[:-1])
 
     # a batch (and n > 1) streams with an index per chunk
     status, data = _request(server, "POST", "/generate", {
