@@ -51,6 +51,8 @@ def build_parser() -> MagicArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=30000, help="port (default: 30000; 0 picks a free one)")
     serve.add_argument("--stop", action="store_true", help="stop serving")
+    serve.add_argument("--api-key", default=None,
+                       help="require Authorization: Bearer KEY on every route but /health (needed to answer other hosts)")
     return parser
 
 
@@ -141,12 +143,14 @@ class EngineMagics(Magics):
             print(f"sgnb: stopped serving {was.url}" if was else "sgnb: not serving")
             return
         engine = self.session.engine()
-        server = self.session.start_server(engine, args.host, args.port)
+        server = self.session.start_server(engine, args.host, args.port, args.api_key)
+        key = args.api_key or "none"
+        auth = f" -H 'Authorization: Bearer {args.api_key}'" if args.api_key else ""
         print(f"sgnb: serving {engine.model_name} at {server.url} (the kernel's engine and cache)\n"
-              f"  SGLang frontend: sgl.RuntimeEndpoint({server.url!r})\n"
-              f"  OpenAI client:   openai.OpenAI(base_url={server.url + '/v1'!r}, api_key='none')\n"
-              f"  curl {server.url}/generate -d '{{\"text\": \"Hello\", \"sampling_params\": "
-              f"{{\"max_new_tokens\": 16}}}}'\n"
+              f"  SGLang frontend: sgl.RuntimeEndpoint({server.url!r}" + (f", api_key={key!r})" if args.api_key else ")")
+              + f"\n  OpenAI client:   openai.OpenAI(base_url={server.url + '/v1'!r}, api_key={key!r})\n"
+              f"  curl {server.url}/generate -H 'Content-Type: application/json'{auth} -d '{{\"text\": \"Hello\", "
+              f"\"sampling_params\": {{\"max_new_tokens\": 16}}}}'\n"
               f"  stop with %sgl serve --stop")
 
     def _status(self, args: argparse.Namespace) -> None:

@@ -100,12 +100,12 @@ class KernelSession:
                     detach()
 
     # ---- server, views, cells ----------------------------------------------------------------------------
-    def start_server(self, engine: Any, host: str, port: int) -> Any:
-        from sgnb.server import start_server_thread
+    def start_server(self, engine: Any, host: str, port: int, api_key: str | None = None) -> Any:
+        from sgnb.server import ServerOptions, start_server_thread
 
         self.stop_server()
         try:
-            self.server = start_server_thread(engine, host, port)
+            self.server = start_server_thread(engine, host, port, options=ServerOptions(api_key=api_key))
         except OSError as e:
             raise UsageError(f"%sgl serve: cannot listen on {host}:{port}: {e}") from None
         self.served_engine = engine

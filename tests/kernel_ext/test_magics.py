@@ -304,6 +304,26 @@ def test_serve_shares_the_kernels_engine(ip, shared, engine, capsys):
     assert not server.running and get_session(ip).server is None
 
 
+def test_serve_with_an_api_key(ip, shared, engine, capsys):
+    import http.client
+    import json
+
+    ip.run_line_magic("sgl", "serve --port 0 --api-key k-notebook")
+    server = get_session(ip).server
+    try:
+        out = capsys.readouterr().out
+        assert "Content-Type: application/json" in out and "Bearer k-notebook" in out  # the curl line works
+        body = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        for headers, status in (({}, 401), ({"Authorization": "Bearer k-notebook"}, 200)):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json", **headers})
+            assert conn.getresponse().status == status
+            conn.close()
+        assert sgnb.RuntimeEndpoint(server.url, api_key="k-notebook").get_server_info()
+    finally:
+        ip.run_line_magic("sgl", "serve --stop")
+
+
 def test_model_loads_replaces_and_unloads(ip, shared, capsys):
     from sgnb.kernel_ext.session import KernelSession
 
