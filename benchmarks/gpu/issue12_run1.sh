@@ -3,10 +3,7 @@
 # flashinfer (graph capture time included), then the GPU tests of the attention backends and the graphs.
 #   device run:  bash benchmarks/gpu/issue12_run1.sh     (carry: .whl .gpu)
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.cache && tar xzf .gpu/flashinfer-cache.tgz -C ~/.cache
-if [ -f .gpu/triton-cache.tgz ]; then mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton; fi
+source benchmarks/gpu/setup.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 t0=$(date +%s)
 timeout ${ENGINE_S:-330} python3 benchmarks/bench_attention.py --quick --engine --backends triton,flashinfer \

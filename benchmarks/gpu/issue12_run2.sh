@@ -3,10 +3,7 @@
 # vs the whole decode step, MMLU at GPU scale with the radix cache on and off, LLaVA-1.5-7B-shaped questions.
 #   device run:  bash benchmarks/gpu/issue12_run2.sh     (carry: .whl .gpu)
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.cache && tar xzf .gpu/flashinfer-cache.tgz -C ~/.cache
-mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton
+source benchmarks/gpu/setup.sh
 t0=$(date +%s)
 timeout ${TESTS_S:-120} python3 -P -m pytest -q -p no:cacheprovider tests/engine/test_attention_backends.py > $OUT/tests.log 2>&1
 echo "tests rc=$? $(( $(date +%s) - t0 ))s"; grep -E "^(FAILED|ERROR|E   )|[0-9]+ (passed|failed)" $OUT/tests.log | head -30

@@ -3,10 +3,7 @@
 # builds here the first time), the hybrid backend's decode step, MMLU at GPU scale radix on/off (warmed up).
 #   device run:  bash benchmarks/gpu/issue12_run3.sh     (carry: .whl .gpu)
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.cache && tar xzf .gpu/flashinfer-cache.tgz -C ~/.cache
-mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton
+source benchmarks/gpu/setup.sh
 t0=$(date +%s)
 timeout ${TESTS_S:-300} python3 -P -m pytest -v -p no:cacheprovider tests/engine/test_attention_backends.py \
   --durations=8 > $OUT/tests.log 2>&1

@@ -4,10 +4,7 @@
 # ablation where time remains. Partial results survive (the suite writes after every workload).
 #   device run:  bash benchmarks/gpu/issue12_run4.sh     (carry: .whl .gpu)
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.cache && tar xzf .gpu/flashinfer-cache.tgz -C ~/.cache
-mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton
+source benchmarks/gpu/setup.sh
 t0=$(date +%s)
 timeout ${SUITE_S:-430} python3 benchmarks/bench_suite.py --scale gpu --systems sgnb,sgnb-no-radix \
   --workloads mmlu_select,hellaswag,react,tree_of_thought,skeleton_of_thought,llm_judge,json_jump_forward,chat_short,serving_trace \

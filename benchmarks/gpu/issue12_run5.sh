@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Device call 5 of 2026-12-01 (session 2): why the suite's decode workloads timed out at GPU scale (call 4).
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.cache && tar xzf .gpu/flashinfer-cache.tgz -C ~/.cache
-mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton
+source benchmarks/gpu/setup.sh
 t0=$(date +%s)
 timeout 90 bash benchmarks/gpu/debug_child.sh chat_short 70 16 > $OUT/chat.out 2> $OUT/chat.err
 echo "chat rc=$? $(( $(date +%s) - t0 ))s"; cut -c1-400 $OUT/chat.out | tail -2; grep -v "^\s*$" $OUT/chat.err | tail -45 | cut -c1-250

@@ -2,9 +2,7 @@
 # Device call 6 of 2026-12-01 (session 2): program workloads at GPU scale, radix on vs off, on the triton backend
 # (FlashInfer's prefill JIT build did not fit the remaining device time), and where FlashInfer's JIT puts builds.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p ~/.triton && tar xzf .gpu/triton-cache.tgz -C ~/.triton
+source benchmarks/gpu/setup.sh
 t0=$(date +%s)
 timeout ${SUITE_S:-150} python3 benchmarks/bench_suite.py --scale gpu --systems sgnb,sgnb-no-radix \
   --workloads tree_of_thought,chat_short,react --engine-args '{"attention_backend": "triton"}' \
