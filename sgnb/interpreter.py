@@ -23,7 +23,7 @@ import re
 import threading
 import traceback
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,19 @@ def user_location() -> str | None:
     return None
 
 
+def _names_set_by(node: ir.Node) -> list[str]:
+    """The variables running `node` sets (what `s[name]` may wait for once it is appended)."""
+    if isinstance(node, ir.Sequence):
+        return [n for item in node.items for n in _names_set_by(item)]
+    if isinstance(node, (ir.Gen, ir.Select)) and node.name is not None:
+        return [node.name]
+    if isinstance(node, ir.VarScopeEnd):
+        return [node.name]
+    if isinstance(node, ir.SeparateReasoning) and node.name is not None:
+        return [node.name, f"{node.name}_reasoning_content"]
+    return []
+
+
 class StreamExecutor:
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
                  use_thread: bool = True, num_api_spec_tokens: int | None = None,
@@ -72,6 +85,9 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.var_events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
+        # names that appended, not yet run nodes will set: reading any other unset name fails at once
+        self.pending_vars: Counter[str] = Counter()
+        self._pending_lock = threading.Lock()
         self.cur_role: str | None = None
         self.cur_role_begin = 0
         self.var_scopes: dict[str, int] = {}
@@ -96,6 +112,10 @@ class StreamExecutor:
 
     # ---- submission -----------------------------------------------------------------------------------
     def submit(self, node: ir.Node) -> None:
+        names = _names_set_by(node)
+        if names:
+            with self._pending_lock:
+                self.pending_vars.update(names)
         if self.use_thread:
             self.queue.put(node)
         else:
@@ -130,6 +150,16 @@ class StreamExecutor:
                 self.queue.task_done()
 
     def _run_node(self, node: ir.Node) -> None:
+        try:
+            self._run_node_inner(node)
+        finally:
+            names = _names_set_by(node)
+            if names:
+                with self._pending_lock:
+                    self.pending_vars.subtract(names)
+                    self.pending_vars = +self.pending_vars  # drop the zero counts
+
+    def _run_node_inner(self, node: ir.Node) -> None:
         if self.error_ is not None:
             return  # a failed program runs nothing more
         self.where_ = None
@@ -293,6 +323,12 @@ class StreamExecutor:
     def get_var(self, name: str, timeout: float | None = None) -> Any:
         ev = self.var_events[name]
         if not ev.is_set():
+            with self._pending_lock:
+                coming = self.pending_vars[name] > 0
+            if not coming and name not in self.variables and self.error_ is None:
+                # nothing appended so far sets it: waiting would wait forever (SGLang raises at once too)
+                raise KeyError(f"no variable {name!r} in this program: nothing appended to it sets that name "
+                               f"(it has: {sorted(self.variables)})")
             self.wait(lambda: ev.wait(0.1), name)
         if name in self.variables:
             return self.variables[name]

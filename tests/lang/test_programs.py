@@ -193,3 +193,39 @@ def test_interrupting_run_batch_aborts_every_program(engine):
         time.sleep(0.05)
     assert engine.get_stats()["running"] == 0 and engine.tree.protected_size == 0
     assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_reading_a_variable_nothing_sets_fails_at_once(engine):
+    """`s["missing"]` raised nothing and waited forever (a %%sgl cell sat at [*]); now it raises KeyError at once,
+    naming the variables there are, inside the program and after it, while a variable still being generated
+    is waited for as before."""
+    import threading
+
+    backend = sgl.Runtime(engine=engine)
+    seen: dict = {}
+
+    @sgl.function
+    def prog(s):
+        s += "Say hi:" + sgl.gen("a", max_tokens=3, temperature=0)
+        seen["a"] = s["a"]  # appended just now: waited for
+        try:
+            s["nope"]
+        except KeyError as e:
+            seen["inside"] = str(e)
+
+    box: dict = {}
+
+    def run() -> None:
+        st = prog.run(backend=backend)
+        try:
+            st["missing"]
+        except KeyError as e:
+            box["after"] = str(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "reading an unset variable hung"
+    assert isinstance(seen["a"], str)
+    assert "'nope'" in seen["inside"] and "['a']" in seen["inside"]
+    assert "'missing'" in box["after"] and "['a']" in box["after"]
