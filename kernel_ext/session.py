@@ -68,13 +68,27 @@ class KernelSession:
         return engine
 
     def load_model(self, model: str, **options: Any) -> Any:
-        """Load `sgnb.Runtime(model, **options)` and make it the default backend, shutting down the engine this
-        session loaded before (first, so a GPU has the memory for the new one)."""
-        self.release_runtime()
+        """Load `sgnb.Runtime(model, **options)` and make it the default backend, replacing the engine this
+        session loaded before. The model and options are checked first, so a typo leaves the working engine in
+        place; on a GPU the old engine is then shut down before the new one loads (its memory is needed), on a
+        CPU only once the new one has loaded."""
+        from sgnb.engine.config import EngineConfig
+        from sgnb.engine.model_loader import resolve_model
+
+        try:
+            config = EngineConfig.from_kwargs(model_path=model, **options)
+            resolve_model(model, cache_dir=config.cache_dir)
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            raise UsageError(f"%sgl model: {e} (the current backend is unchanged)") from None
+        on_gpu = config.device.startswith("cuda") or (config.device == "auto" and _cuda_available())
+        if on_gpu:
+            self.release_runtime()
         try:
             runtime = sgnb.Runtime(model, **options)
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise UsageError(f"%sgl model: {e}") from None
+        if not on_gpu:
+            self.release_runtime()
         self.runtime = runtime
         sgnb.set_default_backend(runtime)
         return runtime
@@ -164,3 +178,9 @@ class KernelSession:
                 sgnb.set_default_backend(None)
             backend.shutdown()
         self._by_spec.clear()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -241,7 +241,7 @@ def _run_dataset(args: argparse.Namespace) -> int:
     where = f" -> {args.output}" if args.output else ""
     print(f"sgnb run: {args.function} over {len(rows)} inputs in {time.perf_counter() - t0:.1f} s, "
           f"{errors} failed{where}", file=sys.stderr)
-    return 0
+    return 1 if errors else 0  # every row is in the output either way; a failed row makes the run fail
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {

@@ -340,6 +340,11 @@ def test_model_loads_replaces_and_unloads(ip, shared, capsys):
     assert not first.engine.is_alive and not server.running and session.server is None
     second = session.runtime
     assert sgnb.get_default_backend() is second and second.engine.is_alive
+    # a model that does not exist (or a bad option) leaves the working engine in place
+    for bad in ("model nonexistent-model", "model dummy:tiny --device cpu --max-total-tokens 3"):
+        with pytest.raises(UsageError, match="the current backend is unchanged"):
+            ip.run_line_magic("sgl", bad)
+        assert session.runtime is second and second.engine.is_alive and sgnb.get_default_backend() is second
     # a headless run's pinned backend wins over %sgl model
     pinned = KernelSession(ip)
     pinned.pinned = "http://example.invalid:1"

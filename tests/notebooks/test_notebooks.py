@@ -166,12 +166,16 @@ def test_sgnb_run_function_over_a_dataset(server, tmp_path):
     r = _sgnb("run", "notebooks/few_shot_select.ipynb", "--function", "classify", "--input",
               str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--backend", server.url,
               "--num-threads", "2")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # a failed row fails the run (every row is still in the output)
     assert "5 inputs" in r.stderr and "2 failed" in r.stderr
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["index"] for o in out] == [0, 1, 2, 3, 4]
     for i in (0, 1, 4):
         assert out[i]["error"] is None and out[i]["variables"]["label"] in (" positive", " negative")
     assert "text" in out[2]["error"] and "JSON object" in out[3]["error"]
+    (tmp_path / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (rows[0], rows[4])))
+    r = _sgnb("run", "notebooks/few_shot_select.ipynb", "--function", "classify", "--input",
+              str(tmp_path / "good.jsonl"), "--backend", server.url)
+    assert r.returncode == 0 and "0 failed" in r.stderr, r.stderr
     r = _sgnb("run", "notebooks/few_shot_select.ipynb", "--function", "nope", "--input", str(tmp_path / "in.jsonl"))
     assert r.returncode != 0 and "classify" in r.stderr
