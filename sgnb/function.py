@@ -126,6 +126,10 @@ class SglFunction:
         except BaseException as e:  # a Python error in the body: the state records it, like a primitive's
             if exe.error_ is None:
                 exe.error_, exe.error_where = e, _body_location(e)
+                # views learn of it as of a primitive's failure (a cell that raised must not read "done")
+                interrupted = isinstance(e, KeyboardInterrupt)
+                exe.emit({"type": "error", "where": exe.error_where, "interrupted": interrupted,
+                          "message": "interrupted" if interrupted else f"{type(e).__name__}: {e}"})
             if not isinstance(e, Exception):
                 exe.end()
                 raise

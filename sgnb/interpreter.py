@@ -351,6 +351,7 @@ class StreamExecutor:
         """Stop the program: nothing more runs, and the in-flight request (if any) is aborted."""
         if self.error_ is None:
             self.error_ = ProgramError("the program was aborted")
+            self.emit({"type": "error", "message": "interrupted", "interrupted": True, "where": self.where_})
         for ev in list(self.var_events.values()):
             ev.set()
         if self.current_rid is not None:

@@ -300,9 +300,11 @@ class ProgramView(anywidget.AnyWidget):
             p.variables.append(name)
 
     def _error(self, p: _Program, e: Event) -> None:
+        if p.status == "interrupted":
+            return  # what the interrupt made fail next (the aborted request) is not another error
         p.error = {"message": str(e.get("message", ""))[:2000], "where": e.get("where")}
         p.segments.append({"k": "error", **p.error})
-        p.status = "error"
+        p.status = "interrupted" if e.get("interrupted") else "error"
         p.t_end = time.time()
         if p.open_gen is not None:
             p.open_gen["done"] = True

@@ -6,7 +6,7 @@
  *   title: string
  *   summary: { programs, running, errors, gens, prompt_tokens, cached_tokens, completion_tokens, events }
  *   programs: Program[] (flat; a fork's children name their parent)
- * Program = { id, parent: id | null, name, arguments: {name: repr}, status: "running" | "done" | "error",
+ * Program = { id, parent: id | null, name, arguments: {name: repr}, status: "running" | "done" | "error" | "interrupted",
  *             segments: Segment[], variables: string[], children: id[], error: {message, where} | null,
  *             elapsed: seconds }
  * Segment, by k:
@@ -36,6 +36,7 @@ const PV_CSS = `
   background: var(--jp-layout-color2, #f3f4f6); border-radius: 6px 6px 0 0; }
 .sgnb-pv-status { font-weight: 600; }
 .sgnb-pv-status.running { color: #2764d8; } .sgnb-pv-status.done { color: #1f9d3a; } .sgnb-pv-status.error { color: #d93025; }
+.sgnb-pv-status.interrupted { color: #b06000; }
 .sgnb-pv-args { color: var(--jp-ui-font-color2, #666); overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .sgnb-pv-body { padding: 6px 8px; white-space: pre-wrap; word-break: break-word;
   font: 12.5px/1.55 var(--jp-code-font-family, ui-monospace, monospace); }

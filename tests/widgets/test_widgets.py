@@ -253,6 +253,37 @@ def test_program_view_media_error_and_text_forms(runtime, llava_engine, tmp_path
     assert data["text/plain"] == text and "text/html" not in data
 
 
+def test_program_view_status_tells_a_body_error_and_an_interrupt(runtime):
+    """A Python error in the body (a typo, a bad regex at the gen line) reads "error", not "done"; an aborted
+    program (what an interrupted cell does) reads "interrupted", not an error of the request it aborted."""
+    import sgnb
+
+    @sgnb.function
+    def typo(s):
+        s += "Hi" + sgnb.gen("a", max_tokens=2)
+        s += undefined_name  # noqa: F821
+
+    view = ProgramView()
+    state = view.run(typo, backend=runtime)
+    assert "NameError" in str(state.error())
+    settle(view)
+    (p,) = view.programs
+    assert p["status"] == "error" and "NameError" in p["error"]["message"]
+
+    @sgnb.function
+    def long(s):
+        s += "Count to a thousand:" + sgnb.gen("n", max_tokens=400, ignore_eos=True)
+
+    view = ProgramView()
+    state = view.run(long, backend=runtime)
+    assert wait_until(lambda: runtime.engine.get_stats()["running"] > 0)
+    state.executor.abort()  # what KeyboardInterrupt in a waiting cell calls
+    state.error()
+    settle(view)
+    (p,) = view.programs
+    assert p["status"] == "interrupted", p
+
+
 def _data_url(img, fmt="PNG") -> str:
     import base64
     import io
