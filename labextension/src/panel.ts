@@ -218,7 +218,7 @@ export class EnginePanel extends Widget {
       const remote = snap.backend ? ` (the default backend, ${snap.backend}, runs elsewhere)` : '';
       this._setStatus(
         'no-engine',
-        `No in-process engine${remote}. Run sgnb.set_default_backend(sgnb.Runtime(...)) in the notebook.`
+        `No in-process engine${remote}. In a notebook cell: %load_ext sgnb, then %sgl model smollm2.`
       );
       this._clearDrawing();
       return;

@@ -488,6 +488,7 @@ def test_panel_shows_the_tree_growing_while_cells_run(jupyter_lab):
             panel.wait_for(state="visible", timeout=10_000)
             # the kernel answers before any engine exists: sgnb is importable there, no engine yet
             page.wait_for_selector("#sgnb-engine-panel[data-status='no-engine']", timeout=30_000)
+            assert "%sgl model smollm2" in panel.inner_text()  # the empty state says what to type
             page.evaluate(RECORDER)
 
             page.locator(".jp-Notebook").first.click()
