@@ -77,7 +77,7 @@ class ProgramMagics(Magics):
         guard = InterruptibleBackend(backend)
         sampling = {k: v for k, v in (("temperature", args.temperature), ("max_new_tokens", args.max_tokens))
                     if v is not None}
-        title = f"%%sgl [{self.shell.execution_count}]"
+        title = f"%%sgl [{self.session.cell_number()}]"
         view = show.live_view("ProgramView", title=title) if self.session.widgets() and not args.no_widget else None
         streamed = False
         try:

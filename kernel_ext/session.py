@@ -138,9 +138,13 @@ class KernelSession:
 
         return in_notebook(self.shell) if self.use_widgets is None else self.use_widgets
 
+    def cell_number(self) -> int:
+        """N of the running cell's `In [N]`: IPython (9.x, and ipykernel) counts the cell before running it."""
+        return max(self.shell.execution_count - 1, 1)
+
     def cell_filename(self) -> str:
         """`<sgl-cell-N>` for input N; unique even when a cell runs several times under one number."""
-        n = self.shell.execution_count
+        n = self.cell_number()
         name, k = f"<sgl-cell-{n}>", 1
         while name in self._cell_files:
             k += 1

@@ -165,6 +165,16 @@ def test_python_error_points_at_the_cell_line(ip, shared):
     assert frames and frames[0].lineno == 2 and 'gen("x", max_tokenz=3)' in frames[0].line
 
 
+def test_cell_names_carry_the_cells_in_number(ip, shared):
+    """The traceback's `<sgl-cell-N>` is the cell's `In [N]` (IPython counts the cell before running it: it
+    read N + 1)."""
+    number = ip.execution_count  # what the next stored cell will be shown as: In [number]
+    result = ip.run_cell('%%sgl\ns += gen("x", max_tokenz=3)\n', store_history=True)
+    frames = [f.filename for f in traceback.extract_tb(result.error_in_exec.__traceback__)
+              if f.filename.startswith("<sgl-cell-")]
+    assert frames and frames[0].split(".")[0].rstrip(">") == f"<sgl-cell-{number}", frames
+
+
 def test_program_error_points_at_the_cell_line(ip, shared, capsys):
     body = 's += "hello"\ns += image("cat.png")\ns += gen("x", max_tokens=3)\ns += "after"\n'
     with pytest.raises(sgnb.ProgramError, match="takes no images") as info:
