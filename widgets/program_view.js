@@ -112,7 +112,8 @@ function drawGen(seg, parent) {
     tag.style.background = `hsl(${h} 55% 42%)`;
   }
   if (seg.constraint) {
-    const c = el("span", "sgnb-pv-constraint", parent, `⛓ ${seg.constraint.length > 28 ? seg.constraint.slice(0, 27) + "…" : seg.constraint}`);
+    // a plain-text label: the chain glyph it had needs an emoji font that many machines lack
+    const c = el("span", "sgnb-pv-constraint", parent, `constrained: ${seg.constraint.length > 28 ? seg.constraint.slice(0, 27) + "…" : seg.constraint}`);
     c.title = seg.constraint;
   }
   const span = el("span", "sgnb-pv-gen", parent);
@@ -247,7 +248,7 @@ function drawProgram(prog, byId, parent, depth) {
         break;
       }
       case "error":
-        el("span", "sgnb-pv-error", cur, `✖ ${seg.message}${seg.where ? "\n  at " + seg.where : ""}`);
+        el("span", "sgnb-pv-error", cur, `error: ${seg.message}${seg.where ? "\n  at " + seg.where : ""}`);
         break;
       default:
         break;
