@@ -37,16 +37,26 @@ const STATS_CSS = `
 
 // tile: label, value(stats), note(stats), lines: [series name, colour, fixed max or null]
 const TILES = [
-  ["cache hit rate", (s) => pct(s.cache_hit_rate), () => "per poll (line) · overall (number)",
+  ["cache hit rate", (s) => pct(s.cache_hit_rate), () => "number: since start · line: at each update",
     [["hit_rate", "#2764d8", 1]]],
-  ["decode tokens/s", (s) => num(s.gen_tokens_per_s), (s) => `prefill ${num(s.prefill_tokens_per_s)} tok/s`,
-    [["gen_tokens_per_s", "#1f9d3a", null], ["prefill_tokens_per_s", "#b26a00", null]]],
+  // idle, the live rate is 0: say so, and show the last rate seen while work ran instead of a bare 0.0
+  ["decode tokens/s", (s, h) => (Number(s.gen_tokens_per_s) > 0 ? num(s.gen_tokens_per_s)
+    : `idle (last ${num(lastActive(h.gen_tokens_per_s))})`),
+  (s, h) => `prefill ${num(Number(s.prefill_tokens_per_s) > 0 ? s.prefill_tokens_per_s
+    : lastActive(h.prefill_tokens_per_s))} tok/s${Number(s.prefill_tokens_per_s) > 0 ? "" : " (last)"}`,
+  [["gen_tokens_per_s", "#1f9d3a", null], ["prefill_tokens_per_s", "#b26a00", null]]],
   ["KV pool", (s) => `${pct((s.kv_used || 0) / Math.max(s.kv_total || 0, 1))} used`,
     (s) => `${s.kv_used ?? 0}/${s.kv_total ?? 0} slots · ${s.kv_cached ?? 0} cached (${s.kv_evictable ?? 0} evictable)`,
     [["kv_used_frac", "#d93025", 1], ["kv_cached_frac", "#7b61ff", 1]]],
   ["queue", (s) => `${s.waiting ?? 0} waiting · ${s.running ?? 0} running`,
     (s) => `${s.requests_finished ?? 0} finished`, [["waiting", "#b26a00", null], ["running", "#1f9d3a", null]]],
 ];
+
+function lastActive(series) {
+  const xs = series || [];
+  for (let i = xs.length - 1; i >= 0; i--) if (Number(xs[i]) > 0) return xs[i];
+  return 0;
+}
 
 function pct(x) {
   return `${Math.round(100 * (Number(x) || 0))}%`;
@@ -112,8 +122,8 @@ function renderStats(view) {
   const h = view.state.history || {};
   TILES.forEach(([, value, note, lines], i) => {
     const part = view.parts[i];
-    part.value.textContent = value(s);
-    part.note.textContent = note(s);
+    part.value.textContent = value(s, h);
+    part.note.textContent = note(s, h);
     lines.forEach(([name, , max], j) => part.polys[j].setAttribute("points", sparkPoints(h[name], max)));
   });
   const foot = [`model ${s.model ?? "?"} on ${s.device ?? "?"}`, `${s.requests_aborted ?? 0} aborted`,
