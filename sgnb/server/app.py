@@ -67,6 +67,7 @@ def create_app(engine: Engine, options: ServerOptions | None = None) -> Any:
         Route("/health", _handler(s.health), methods=["GET"]),
         Route("/health_generate", _handler(s.health_generate), methods=["GET"]),
         Route("/abort_request", _handler(s.abort_request), methods=["POST", "PUT"]),
+        Route("/concate_and_append_request", _handler(s.concat_and_append), methods=["POST"]),
         Route("/v1/models", _handler(s.list_models), methods=["GET"]),
         Route("/v1/models/{model:path}", _handler(s.retrieve_model), methods=["GET"]),
         Route("/v1/completions", _handler(s.completions), methods=["POST"]),

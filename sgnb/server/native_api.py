@@ -23,6 +23,7 @@ from sgnb.server.protocol import (
     _SSE_DONE,
     AbortRequest,
     APIError,
+    ConcatAppendRequest,
     GenerateRequest,
     _engine_error,
     _Inflight,
@@ -231,6 +232,13 @@ class NativeRoutes(_Routes):
             raise APIError(503, f"the engine did not generate: {type(e).__name__}: {e}", "service_unavailable") from e
         if out["meta_info"]["finish_reason"]["type"] == "abort":
             raise APIError(503, f"the engine failed to generate: {out['meta_info'].get('error')}", "service_unavailable")
+        return Response(status_code=200)
+
+    async def concat_and_append(self, request: Request) -> Response:
+        """SGLang's frontend asks the server to append the KV of forked requests to another's. Here the KV of a
+        prompt is found by its text, so nothing needs moving: the frontend appends the branches' text itself and
+        its next request hits the radix cache for whatever of that text is cached. Accepted (200) once valid."""
+        _validate(ConcatAppendRequest, await _json_body(request))
         return Response(status_code=200)
 
     async def abort_request(self, request: Request) -> Response:

@@ -242,6 +242,13 @@ class AbortRequest(_Schema):
     abort_all: bool = False
 
 
+class ConcatAppendRequest(_Schema):
+    """SGLang's /concate_and_append_request (its frontend's `join("concate_and_append")`)."""
+
+    src_rids: list[str]
+    dst_rid: str
+
+
 # ---- in-flight request ids (for /abort_request) ------------------------------------------------------------------
 class _Inflight:
     """Request ids a client may name in /abort_request -> the engine request ids they cover (n > 1 expands)."""

@@ -67,6 +67,33 @@ def test_sglang_frontend_batch_fork_and_chat(sglang_endpoint):
     assert isinstance(st["reply"], str) and st.messages()[-1]["role"] == "assistant"
 
 
+def test_sglang_frontend_concate_and_append(sglang_endpoint):
+    """SGLang's test_parallel_encoding shape: forks += lambda i: ..., join("concate_and_append") (it posts
+    /concate_and_append_request, a 404 here once: the program then never finished), then a gen over the joined
+    text."""
+    import threading
+
+    sgl = sglang
+
+    @sgl.function
+    def encode(s, docs):
+        s += "Read these notes.\n"
+        forks = s.fork(len(docs))
+        forks += lambda i: f"Note {i + 1}: {docs[i]}\n"
+        forks.join("concate_and_append")
+        s += "The notes are about" + sgl.gen("topic", max_tokens=6, stop="\n", temperature=0)
+
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(st=encode.run(docs=["cats purr", "dogs bark"],
+                                                                 backend=sglang_endpoint)), daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the SGLang program hung"
+    st = box["st"]
+    assert "Note 1: cats purr" in st.text() and "Note 2: dogs bark" in st.text()
+    assert isinstance(st["topic"], str)
+
+
 # ---- SGLang idioms through sgnb itself (`import sgnb as sgl`) --------------------------------------------------
 def test_regex_constants_are_sglangs():
     import sglang.lang.ir as sglang_ir
