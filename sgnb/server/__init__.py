@@ -11,8 +11,9 @@ client leaves, interleaved engine streams), `media` (images and videos from clie
 `openai_api` (the route handlers), `app` (the app, `serve`, `ServerThread`).
 
 Native API (what SGLang's `RuntimeEndpoint` speaks): POST /generate, GET /get_model_info (/model_info),
-GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request.
-OpenAI API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request,
+POST /concate_and_append_request (accepted: KV is found by text, nothing moves).
+OpenAI API: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions.
 
 Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but
 /health needs `Authorization: Bearer KEY` (401); without one, only requests for the bound address or a loopback
