@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import numbers
 import queue
 import threading
 import time
@@ -36,7 +35,7 @@ from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
-from sgnb.engine.sampling_params import SamplingParams
+from sgnb.engine.sampling_params import SamplingParams, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choose, score_start
 
@@ -130,10 +129,10 @@ class Engine:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
         vocab = self.source.config.vocab_size
+        limit = min(self.context_length, self.runner.kv_pool.size)  # a prompt holds at most limit - 1 tokens
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-            limit = min(self.context_length, self.runner.kv_pool.size)
             if len(prompt) > (limit - 1) * self.tokenizer.max_token_chars:  # too long to fit: skip encoding it
                 raise ValueError(f"the prompt has {len(prompt)} characters, more than the {limit - 1} tokens this "
                                  f"engine takes could hold (context length {self.context_length})")
@@ -146,8 +145,7 @@ class Engine:
                        "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
                        if self.source.dummy else ""))
         else:
-            if isinstance(input_ids, (str, bytes)) or not all(
-                    isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in input_ids):
+            if isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
                 raise ValueError("input_ids must be a list of ints")
             ids = [int(t) for t in input_ids]  # type: ignore[union-attr]
             bad = [t for t in ids if not 0 <= t < vocab]
@@ -155,7 +153,6 @@ class Engine:
                 raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
-        limit = min(self.context_length, self.runner.kv_pool.size)
         if len(ids) >= limit:
             raise ValueError(f"the prompt has {len(ids)} tokens; this engine takes at most {limit - 1} "
                              f"(context length {self.context_length}, KV pool {self.runner.kv_pool.size} tokens)")
@@ -302,11 +299,11 @@ class Engine:
                                  f"tokens; ask for at most {pool - len(ids)} (or a bigger max_total_tokens)")
             vocab = self.source.config.vocab_size
             start, top = item.logprob_start_len, item.top_logprobs_num
-            if not _strict_int(start) or start < -1:
+            if not is_strict_int(start) or start < -1:
                 raise ValueError(f"logprob_start_len={start!r}: must be an int >= -1")
             if item.return_logprob and start >= len(ids):
                 raise ValueError(f"logprob_start_len={start} must be < the prompt length {len(ids)} (or -1)")
-            if not _strict_int(top) or not 0 <= top <= vocab:
+            if not is_strict_int(top) or not 0 <= top <= vocab:
                 raise ValueError(f"top_logprobs_num={top!r}: must be an int in [0, {vocab}] (the vocabulary)")
             outside = [t for t in sp.stop_token_ids if t >= vocab]
             if outside:
@@ -709,6 +706,3 @@ def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
                 break
     return max(end, 0)
 
-
-def _strict_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)

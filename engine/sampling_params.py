@@ -15,7 +15,8 @@ _BOOLS = ("ignore_eos", "skip_special_tokens", "no_stop_trim")
 _STRS = ("regex", "json_schema", "ebnf")
 
 
-def _is_int(v: Any) -> bool:
+def is_strict_int(v: Any) -> bool:
+    """An int and not a bool (True would pass isinstance(v, int)): what int-typed request fields accept."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
@@ -51,7 +52,7 @@ class SamplingParams:
 
         # types first, strictly: 2.5 tokens or ignore_eos="yes" is a mistake to report, not a value to coerce
         for name in _INTS:
-            if not _is_int(getattr(self, name)):
+            if not is_strict_int(getattr(self, name)):
                 raise bad(name, "must be an int")
         for name in _FLOATS:
             v = getattr(self, name)
@@ -63,7 +64,7 @@ class SamplingParams:
         for name in _STRS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise bad(name, "must be a string")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_strict_int(self.seed):
             raise bad("seed", "must be an int or null")
         if self.max_new_tokens < 0:
             raise bad("max_new_tokens", "must be >= 0")
@@ -87,7 +88,7 @@ class SamplingParams:
             raise bad("n", "must be >= 1")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", "stop strings must be non-empty strings")
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        if any(not is_strict_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative ints")
         for pattern in self.stop_regex:
             try:
@@ -117,7 +118,7 @@ class SamplingParams:
                 params[key] = (value,)
             elif isinstance(value, (list, tuple)):
                 params[key] = tuple(value)
-            elif key == "stop_token_ids" and _is_int(value):
+            elif key == "stop_token_ids" and is_strict_int(value):
                 params[key] = (value,)
             else:
                 raise ValueError(f"sampling_params.{key}={value!r}: must be "
