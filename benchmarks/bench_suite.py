@@ -32,6 +32,9 @@ SYSTEMS: dict[str, dict] = {
     "sgnb-no-hints": {"kind": "sgnb", "engine": {}, "hints": False},
     "sgnb-no-jump-forward": {"kind": "sgnb", "engine": {"disable_jump_forward": True}, "only_constrained": True},
     "sgnb-no-cuda-graph": {"kind": "sgnb", "engine": {"disable_cuda_graph": True}, "only_cuda": True},
+    # "extra": named with --systems only, not part of "all"
+    "sgnb-no-mixed": {"kind": "sgnb", "engine": {"disable_mixed_batches": True}, "extra": True},
+    "sgnb-no-cascade": {"kind": "sgnb", "engine": {"disable_cascade": True}, "extra": True},
     "hf-transformers": {"kind": "peer"},
     "llama.cpp": {"kind": "peer", "sequential": True},
     "guidance": {"kind": "peer", "sequential": True},
@@ -129,9 +132,14 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
     if engine is not None:
         after = engine.get_stats()
         d = {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens",
-                                               "decode_steps")}
+                                               "decode_steps", "prefill_batches", "mixed_batches", "cascade_batches",
+                                               "forward_seconds", "decode_seconds")}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
+                  # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
+                  # (launches; the device runs behind), the model's whole time on the CPU
+                  "engine_rounds": {k: d[k] for k in ("prefill_batches", "mixed_batches", "cascade_batches")},
+                  "forward_seconds": round(d["forward_seconds"], 3), "decode_round_seconds": round(d["decode_seconds"], 3),
                   "cache_hit_rate": d["cached_tokens"] / max(d["prompt_tokens"], 1),
                   "optimal_cache_hit_rate": optimal_hit_rate(prompts) if prompts else None}
     else:
@@ -221,15 +229,15 @@ def main() -> None:
     from workloads import WORKLOADS, build
 
     names = list(WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
-    systems = list(SYSTEMS) if args.systems == "all" else args.systems.split(",")
+    systems = [s for s in SYSTEMS if not SYSTEMS[s].get("extra")] if args.systems == "all" else args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS] + [w for w in names if w not in WORKLOADS]
     if unknown:
         sys.exit(f"unknown system(s)/workload(s) {unknown}; systems: {list(SYSTEMS)}; workloads: {list(WORKLOADS)}")
     peers_missing = _missing_peers(systems)
-    peak = matmul_peak_gflops()
     import torch
 
     cuda = torch.cuda.is_available()
+    peak = matmul_peak_gflops(device="cuda" if cuda else "cpu")
     from sgnb.engine.model_loader import resolve_model
 
     cfg = resolve_model(args.model).config
@@ -301,7 +309,8 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
             row.update({k: r.get(k) for k in (
                 "programs", "wall_s", "programs_per_s", "tokens_per_s", "output_tokens_per_s", "latency_p50_s",
                 "latency_p99_s", "cache_hit_rate", "prompt_tokens", "prompt_tokens_computed", "generated_tokens",
-                "decode_steps", "peak_rss_mb", "peak_gpu_mb")})
+                "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
+                "peak_gpu_mb")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]

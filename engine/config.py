@@ -41,11 +41,20 @@ class EngineConfig:
     disable_jump_forward: bool = False  # constrained decoding without appending grammar-forced text in one step
     # running requests decode in the same forward as a prefill round (a mixed batch) instead of waiting for it
     disable_mixed_batches: bool = False
+    # a batch whose requests share a radix prefix reads it once (cascade attention); True: every request reads
+    # its own whole key range (ablation)
+    disable_cascade: bool = False
     # CUDA: decode rounds replay CUDA graphs captured at engine start for batch sizes 1, 2, 4, 8, 16, 24, ...
     # up to cuda_graph_max_bs (None -> min(256, max_running_requests)); a bigger batch runs eagerly.
     # disable_cuda_graph=True runs every forward eagerly (ablation). Needs the triton or flashinfer backend.
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
+    # CUDA: extend batches (prefill chunks, mixed batches) of up to this many tokens replay graphs captured per
+    # token budget (16, 32, ..., this); 0 runs them eagerly. An eager 7B forward costs ~16-22 ms of host time
+    cuda_graph_max_extend_tokens: int = 512
+    # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
+    # program pays a first-use compile; None -> on CUDA only (CPU kernels need no compiling)
+    warmup: bool | None = None
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
@@ -79,6 +88,8 @@ class EngineConfig:
             raise ValueError("chunked_prefill_size and max_prefill_tokens must be positive")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+        if not 0 <= self.cuda_graph_max_extend_tokens <= 8192:
+            raise ValueError(f"cuda_graph_max_extend_tokens must be in 0..8192, got {self.cuda_graph_max_extend_tokens}")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
 

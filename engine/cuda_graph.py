@@ -146,3 +146,156 @@ class DecodeGraphs:
     def describe(self) -> dict:
         return {"batch_sizes": self.sizes, "capture_seconds": round(self.capture_seconds, 3),
                 "replays": self.replays, "captured": self.captured}
+
+
+def extend_token_sizes(max_tokens: int) -> list[int]:
+    """The token budgets of the extend graphs: powers of two from 16 up to max_tokens (and max_tokens)."""
+    if max_tokens <= 0:
+        return []
+    sizes = [n for n in (16, 32, 64, 128, 256, 512, 1024, 2048) if n < max_tokens] + [max_tokens]
+    return sorted(set(sizes))
+
+
+class _StaticExtend:
+    """One token budget's inputs: a flat int64 buffer (ids, positions | rows, prefix lens, seq lens | indptr |
+    block table) filled by one host-to-device copy, the KV slots, and the ForwardBatch over them."""
+
+    def __init__(self, tokens: int, max_reqs: int, head_dim: int, req_to_token: torch.Tensor, pad_row: int,
+                 scratch_slot: int, device: torch.device, pin: bool) -> None:
+        from sgnb.kernels.extend_attention import extend_block_m
+
+        self.tokens, self.max_reqs = tokens, max_reqs
+        self.block_m = extend_block_m(head_dim, tokens)
+        self.num_blocks = -(-tokens // self.block_m) + max_reqs  # sum of ceil(e_i / BM) <= T / BM + B
+        T, B = tokens, max_reqs
+        self.split = [T, T, B, B, B, B + 1, 2 * self.num_blocks]
+        self.host = torch.zeros(sum(self.split), dtype=torch.int64, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.buf = self.host.to(device)
+        self.copied = torch.cuda.Event() if pin else None
+        self.loc = torch.full((T,), scratch_slot, dtype=torch.int64, device=device)
+        ids, pos, rows, pre, seq, ptr, blocks = self.buf.split(self.split)
+        self.views = [a for a in np.split(self.host_np, np.cumsum(self.split)[:-1])]
+        self.pad_row = pad_row
+        self.clear()
+        self.buf.copy_(self.host)
+        self.fb = ForwardBatch(
+            mode=ForwardMode.EXTEND, batch_size=B, num_tokens=T, input_ids=ids, positions=pos, out_cache_loc=self.loc,
+            req_pool_indices=rows, prefix_lens=pre, seq_lens=seq, qo_indptr=ptr,
+            req_pool_indices_cpu=[pad_row] * B, prefix_lens_cpu=[0] * B, extend_lens_cpu=[T] + [0] * (B - 1),
+            seq_lens_cpu=[0] * B, req_to_token=req_to_token, blocks=blocks.view(self.num_blocks, 2))
+
+    def clear(self) -> None:
+        """No request: every block idle (what the graph is captured over)."""
+        ids, pos, rows, pre, seq, ptr, blocks = self.views
+        ids[:], pos[:], rows[:], pre[:], seq[:], ptr[:] = 0, 0, self.pad_row, 0, 0, 0
+        blocks.reshape(-1, 2)[:] = (-1, 0)
+
+    def fill(self, spec: BatchSpec) -> None:
+        from sgnb.kernels.extend_attention import extend_blocks
+
+        T, B = spec.num_tokens, spec.batch_size
+        ids, pos, rows, pre, seq, ptr, blocks = self.views
+        prefix = np.asarray(spec.prefix_lens, dtype=np.int64)  # (B,)
+        extend = np.asarray(spec.extend_lens, dtype=np.int64)  # (B,)
+        ids[:T] = spec.input_ids
+        ids[T:] = 0
+        ptr[0] = 0
+        np.cumsum(extend, out=ptr[1:B + 1])
+        ptr[B + 1:] = T  # requests past the batch own no rows
+        pos[:T] = np.arange(T, dtype=np.int64) + np.repeat(prefix - ptr[:B], extend)  # (T,)
+        pos[T:] = 0
+        rows[:B], rows[B:] = spec.req_pool_indices, self.pad_row
+        pre[:B], pre[B:] = prefix, 0
+        seq[:B], seq[B:] = prefix + extend, 0
+        blocks.reshape(-1, 2)[:] = extend_blocks(extend, self.block_m, self.num_blocks)
+
+
+class ExtendGraphs:
+    """Captured extend forwards (prefill chunks, mixed batches, jump-forward extends) for token budgets 16, 32,
+    ..., max_tokens. Outside a graph a 7B forward costs 16-22 ms of host time whatever its size (measured on the
+    H200: ~40 us per Triton launch, ~10 launches a layer), so a program's many small prefills (a new turn, a
+    select's choices, a fork's branches) ran at that rate even though each needs ~3-5 ms of the GPU.
+
+    A batch of T tokens from B requests replays the smallest budget >= T. Its attention runs over a fixed grid
+    through a block table (kernels/extend_attention.extend_blocks), so the captured launch serves any split of
+    the budget into requests; padding tokens write the scratch KV slot and their rows are dropped. No cascade in
+    a graph (the batch's shared prefix is read per request, which computes the same attention)."""
+
+    def __init__(self, model: Any, attn: Any, req_to_token: torch.Tensor, pad_row: int, scratch_slot: int,
+                 max_tokens: int, max_reqs: int, head_dim: int, device: torch.device, capture: bool = True) -> None:
+        assert attn.supports_extend_graph, f"the {attn.name} attention backend cannot run extends in a CUDA graph"
+        self.model, self.attn, self.device, self.captured = model, attn, device, capture
+        self.scratch_slot = scratch_slot
+        self.sizes = extend_token_sizes(max_tokens)
+        self.max_tokens = self.sizes[-1]
+        pin = device.type == "cuda"
+        self.static = {n: _StaticExtend(n, min(n, max_reqs), head_dim, req_to_token, pad_row, scratch_slot, device,
+                                        pin) for n in self.sizes}
+        for st in self.static.values():
+            st.fb.attn_backend = attn
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        t0 = time.perf_counter()
+        if capture:
+            self._capture_all()
+        self.capture_seconds = time.perf_counter() - t0
+        if capture:
+            log.info("captured %d extend CUDA graphs (16..%d tokens) in %.1f s", len(self.sizes), self.max_tokens,
+                     self.capture_seconds)
+
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for n in reversed(self.sizes):
+            st = self.static[n]
+            self.attn.init_forward_metadata(st.fb)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model(st.fb)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=side):
+                self.outputs[n] = self.model(st.fb)
+            self.graphs[n] = graph
+        torch.cuda.synchronize(self.device)
+
+    def _size(self, spec: BatchSpec) -> int | None:
+        T, B = spec.num_tokens, spec.batch_size
+        if spec.mode is not ForwardMode.EXTEND or T > self.max_tokens or spec.mm_rows:
+            return None
+        for n in self.sizes:
+            if n >= T and self.static[n].max_reqs >= B:
+                return n
+        return None
+
+    def can_run(self, spec: BatchSpec) -> bool:
+        return self._size(spec) is not None
+
+    def replay(self, spec: BatchSpec) -> torch.Tensor:
+        """Hidden states (T, hidden) of an extend batch of T <= max_tokens tokens: a view into the graph's output,
+        valid until the next replay."""
+        n = self._size(spec)
+        assert n is not None, "can_run(spec) first"
+        st = self.static[n]
+        T = spec.num_tokens
+        if st.copied is not None:
+            st.copied.synchronize()
+        st.fill(spec)
+        st.buf.copy_(st.host, non_blocking=True)
+        if st.copied is not None:
+            st.copied.record()
+        st.loc[:T].copy_(spec.out_cache_loc)
+        if T < n:
+            st.loc[T:].fill_(self.scratch_slot)
+        self.replays += 1
+        if not self.captured:
+            return self.model(st.fb)[:T]
+        self.graphs[n].replay()
+        return self.outputs[n][:T]
+
+    def describe(self) -> dict:
+        return {"token_sizes": self.sizes, "capture_seconds": round(self.capture_seconds, 3),
+                "replays": self.replays, "captured": self.captured}

@@ -37,7 +37,7 @@ from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
 from sgnb.engine.sampling_params import SamplingParams, is_strict_int
 from sgnb.engine.scheduler import Scheduler
-from sgnb.engine.scoring import check_choices, choose, score_start
+from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
 log = logging.getLogger("sgnb.engine")
 OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a worker thread
@@ -82,9 +82,18 @@ class Engine:
         # stop the thread (and any workers) at exit or when the engine is collected (a daemon thread dying
         # inside torch aborts)
         self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner)
-        self.load_seconds = time.perf_counter() - t0
         self._ids = itertools.count()
         self._closed = False
+        self.warmup_seconds = 0.0
+        if self.config.warmup or (self.config.warmup is None and self.runner.device.type == "cuda"):
+            from sgnb.engine.warmup import warm_up
+
+            try:
+                self.warmup_seconds = warm_up(self)
+            except BaseException:
+                self.shutdown()
+                raise
+        self.load_seconds = time.perf_counter() - t0
 
     # ---- properties --------------------------------------------------------------------------------------
     @property
@@ -531,11 +540,15 @@ class Engine:
     def score(self, prefix: str | list[int], choices: list[str],
               choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False,
               image_data: Any = None, video_data: Any = None) -> dict:
-        """Score continuations of one prefix (the prefix KV is shared through the radix cache). The prefix may
-        hold images / videos (image_data / video_data, as in generate).
+        """Score continuations of one prefix as SGLang's select does (engine/scoring.py has the method); the
+        prefix KV is shared through the radix cache. The prefix may hold images / videos (image_data /
+        video_data, as in generate).
 
-        Returns {"index", "choice", "normalized_prompt_logprobs", "input_token_logprobs",
-        "unconditional_token_logprobs" (only for unconditional_likelihood_normalized), "cached_tokens"}.
+        Returns {"index", "choice", "normalized_prompt_logprobs", "input_token_logprobs" (per choice, from
+        logprob_start_len = max(prompt_len - 2, 0); the first entry's logprob is None), "output_token_logprobs",
+        "cached_tokens", "prompt_tokens"}, plus "greedy_logprob_matrix" (greedy_token_selection) or
+        "unconditional_token_logprobs" and "normalized_unconditional_prompt_logprobs"
+        (unconditional_likelihood_normalized): SGLang's meta_info for the method.
         """
         self._check_open()
         plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
@@ -543,69 +556,83 @@ class Engine:
         return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
 
     async def async_score(self, prefix: str | list[int], choices: list[str],
-                          choices_method: str = "token_length_normalized", image_data: Any = None,
-                          video_data: Any = None) -> dict:
+                          choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False,
+                          image_data: Any = None, video_data: Any = None) -> dict:
         self._check_open()
         args = (prefix, choices, choices_method, image_data, video_data)
         plan = (await asyncio.to_thread(self._score_plan, *args) if image_data is not None or video_data is not None
                 else self._score_plan(*args))
         outs = await self._await(plan["reqs"], False)
-        return self._score_result(plan, outs, choices, choices_method, False)
+        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
 
     def _score_plan(self, prefix: str | list[int], choices: list[str], method: str, image_data: Any = None,
                     video_data: Any = None) -> dict:
-        """One prompt-logprob request per choice (plus one per choice alone for the unconditional method)."""
+        """One prompt-logprob request per choice, from SGLang's logprob_start_len (max(prompt_len - 2, 0), image
+        tokens counted), plus, for the unconditional method, one per choice for its entries' tokens alone."""
         check_choices(choices, method)
         if isinstance(prefix, str):
-            prefix_ids = self.tokenizer.encode(prefix)
+            prefix_ids, text = self.tokenizer.encode(prefix), prefix
             full = [self.tokenizer.encode(prefix + c) for c in choices]
         else:
             prefix_ids = list(prefix)
+            text = self.tokenizer.decode(prefix_ids, False)
             full = [prefix_ids + self.tokenizer.encode(c) for c in choices]
         if not prefix_ids:
             raise ValueError("select needs a non-empty prefix to score choices against")
-        start = score_start(prefix_ids, full)
-        inputs, starts = [list(f) for f in full], [start] * len(full)
-        if method == "unconditional_likelihood_normalized":
-            for f in full:  # each choice alone, after the last shared token, as the unconditional context
-                inputs.append(f[start - 1:])
-                starts.append(1)
-        for ids in inputs:
+        for ids in full:
             self._tokens(None, ids)
         items = self._media_items(image_data, video_data)  # once for every choice (they share the prefix)
-        reqs = []
-        for k, (ids, st) in enumerate(zip(inputs, starts)):
-            expanded, placements = self._with_media(ids, None, None, items=items if k < len(full)
-                                                    else self._trailing_items(ids, items))
-            st += len(expanded) - len(ids)  # every image sits in the shared prefix, before the scored tokens
-            req = Req(uuid.uuid4().hex[:12], expanded, SamplingParams.from_dict({"max_new_tokens": 0}),
-                      return_logprob=True, logprob_start_len=st)
+        expanded = [self._with_media(f, None, None, items=items) for f in full]
+        # every image sits in the shared prefix: the prefix's own length with its image tokens
+        start = start_len(len(prefix_ids) + len(expanded[0][0]) - len(full[0]))
+        reqs, heads = [], []
+        for choice, (ids, placements) in zip(choices, expanded):
+            if len(ids) <= start + 1:
+                raise ValueError(f"select: the choice {choice!r} leaves no token to score: the prefix and it "
+                                 f"tokenize to {len(ids)} tokens, and scoring starts at token {start + 1}")
+            req = Req(uuid.uuid4().hex[:12], ids, SamplingParams.from_dict({"max_new_tokens": 0}),
+                      return_logprob=True, logprob_start_len=start)
             req.mm = placements
             reqs.append(req)
-        return {"reqs": reqs, "n": len(choices), "start": start}
+            heads.append(start + 1 if heals(text, self._token_text(ids[start])) else start)
+        if method == "unconditional_likelihood_normalized":
+            # each choice's entries' tokens alone; one that starts inside an image takes the whole image
+            for f, (_, placements), head in zip(full, expanded, heads):
+                alone = f[unexpanded_index(head, [(p.offset, p.item.num_tokens) for p in placements]):]
+                ids_u, placements_u = self._with_media(alone, None, None, items=self._trailing_items(alone, items))
+                req = Req(uuid.uuid4().hex[:12], ids_u, SamplingParams.from_dict({"max_new_tokens": 0}),
+                          return_logprob=True, logprob_start_len=0)
+                req.mm = placements_u
+                reqs.append(req)
+        return {"reqs": reqs, "n": len(choices), "start": start, "prefix_text": text}
 
     def _score_result(self, plan: dict, outs: list[dict], choices: list[str], method: str, with_text: bool) -> dict:
         n = plan["n"]
         for o in outs:
             if o["meta_info"]["finish_reason"]["type"] == "abort":
                 raise RuntimeError(f"scoring failed: {o['meta_info'].get('error')}")
-        cond = [[lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]] for o in outs[:n]]
+        text = self._token_text
+
+        def entries(o: dict, texts: bool) -> list[tuple]:
+            return [(lp, t, text(t) if texts else None) for lp, t, _ in o["meta_info"]["input_token_logprobs"]]
+
+        # the first entry's text decides token healing, whether or not the caller wants the texts
+        rows, normalized = choice_rows(plan["prefix_text"], [entries(o, True) for o in outs[:n]], choices)
+        if not with_text:
+            rows = [[(e[0], e[1], None) for e in row] for row in rows]
         uncond = None
         if method == "unconditional_likelihood_normalized":
-            uncond = [[lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]] for o in outs[n:]]
-        index, normalized = choose(method, cond, uncond)
-        result = {
+            # aligned from the end: a context that starts inside an image holds the whole image
+            uncond = [entries(o, with_text)[-len(row):] for o, row in zip(outs[n:], rows)]
+        index, meta = decide(method, normalized, rows, uncond)
+        return {
             "index": index,
             "choice": choices[index],
-            "normalized_prompt_logprobs": normalized,
-            "input_token_logprobs": [self._fmt_logprobs([(lp, t) for lp, t, _ in o["meta_info"]["input_token_logprobs"]],
-                                                        with_text) for o in outs[:n]],
+            **meta,
+            "output_token_logprobs": [o["meta_info"]["output_token_logprobs"] for o in outs[:n]],
             "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
             "prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs),
         }
-        if uncond is not None:
-            result["unconditional_token_logprobs"] = uncond
-        return result
 
     # ---- cache and observability ------------------------------------------------------------------------
     def flush_cache(self, timeout: float | None = None) -> bool:
@@ -642,7 +669,8 @@ class Engine:
             "model": self.source.name,
             "device": self.runner.placement,
             "attention_backend": self.runner.attention_backend,
-            "cuda_graph": self.runner.graphs.describe() if self.runner.graphs else None,
+            "cuda_graph": self._graph_stats(),
+            "warmup_seconds": self.warmup_seconds,
             "quantization": self.runner.quantization,
             "tp_size": self.config.tp_size,
             "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
@@ -661,6 +689,7 @@ class Engine:
             "forward_seconds": c.forward_seconds,
             "decode_seconds": c.decode_seconds,
             "cascade_batches": c.cascade_batches,
+            "graphed_forwards": c.graphed_forwards,
             "mixed_batches": c.mixed_batches,
             "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
             "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
@@ -672,6 +701,15 @@ class Engine:
             "kv_protected": self.tree.protected_size,
             "new_token_ratio": s.new_token_ratio,
         }
+
+    def _graph_stats(self) -> dict | None:
+        """The decode graphs' description (batch sizes, capture time, replays), with the extend graphs' under
+        "extend" (None when they are off); None when no graphs run."""
+        graphs = getattr(self.runner, "graphs", None)
+        if graphs is None:
+            return None
+        extend = getattr(self.runner, "extend_graphs", None)
+        return {**graphs.describe(), "extend": extend.describe() if extend is not None else None}
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def shutdown(self) -> None:

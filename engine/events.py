@@ -53,6 +53,11 @@ class EventBus:
 
         return unsubscribe
 
+    def clear(self) -> None:
+        """Forget the kept history (subscribers stay)."""
+        with self._lock:
+            self._history.clear()
+
     def history(self) -> list[Event]:
         with self._lock:
             return list(self._history)

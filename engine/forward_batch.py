@@ -49,6 +49,7 @@ class BatchSpec:
     # tokens; their input_ids are placeholders), and those features, (K, hidden) in the model's dtype
     mm_rows: list[int] | None = None  # (K,)
     mm_embeds: torch.Tensor | None = None  # (K, hidden), on the runner's device
+    graphed: bool = False  # set by the runner: the forward replayed a CUDA graph (no cascade then)
 
     @property
     def batch_size(self) -> int:
@@ -106,6 +107,9 @@ class ForwardBatch:
     mm_embeds: torch.Tensor | None = None  # (K, hidden)
     attn_backend: AttentionBackend | None = None  # attached by the runner
     attn_metadata: Any = None  # the attention backend's per-forward state
+    # an extend CUDA graph's batch (engine/cuda_graph.py): (NB, 2) query blocks for a fixed-grid extend attention
+    # (kernels/extend_attention.extend_blocks); max_extend_len is then the graph's token budget
+    blocks: torch.Tensor | None = None
 
     @property
     def max_extend_len(self) -> int:

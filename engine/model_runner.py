@@ -5,7 +5,8 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
 - `forward(spec)` runs a BatchSpec (writing its K/V) and returns its hidden states, opaque to the caller except
   for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
 - `attention_backend`: the name of the attention backend the model runs with;
-- `graphs`: the decode CUDA graphs (engine/cuda_graph.py) when they run, else None;
+- `graphs`, `extend_graphs`: the decode and small-extend CUDA graphs (engine/cuda_graph.py) when they run, else
+  None; `forward` sets spec.graphed when it replayed one;
 - `encode(item)`: encoder features of an image or video (multimodal models);
 - `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
 """
@@ -21,7 +22,7 @@ import torch
 
 from sgnb.engine.attention import make_attention_backend
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.cuda_graph import DEFAULT_MAX_BS, DecodeGraphs
+from sgnb.engine.cuda_graph import DEFAULT_MAX_BS, DecodeGraphs, ExtendGraphs
 from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_config import ModelConfig
@@ -34,6 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
            "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_KV_BUDGET_BYTES = 2 << 30  # default KV pool on CPU: 2 GiB
 CPU_MAX_KV_TOKENS = 1 << 16
+MIN_GPU_KV_TOKENS = 256  # a GPU pool smaller than this is a machine out of memory, not a configuration
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,7 +66,15 @@ def kv_pool_slots(config: EngineConfig, mcfg: ModelConfig, kv_dtype: torch.dtype
         per_token = 2 * mcfg.num_hidden_layers * num_kv_heads * mcfg.head_dim * kv_dtype.itemsize
         free, total = torch.cuda.mem_get_info(device)
         budget = free - total * (1.0 - config.mem_fraction_static)
-        return max(int(budget // per_token), 16)
+        slots = int(budget // per_token)
+        if slots < MIN_GPU_KV_TOKENS:
+            raise MemoryError(
+                f"no room for the KV cache on {device}: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free after the "
+                f"weights, {(1.0 - config.mem_fraction_static) * total / 2**30:.1f} GiB kept back by "
+                f"mem_fraction_static={config.mem_fraction_static}, so {max(slots, 0)} tokens of KV fit. Free the "
+                "GPU (another engine in this process or another process holds it), raise mem_fraction_static, "
+                "or set max_total_tokens")
+        return slots
     per_token = 2 * mcfg.num_hidden_layers * mcfg.num_key_value_heads * mcfg.head_dim * kv_dtype.itemsize
     return max(min(CPU_KV_BUDGET_BYTES // per_token, CPU_MAX_KV_TOKENS), min(context_length, CPU_MAX_KV_TOKENS))
 
@@ -79,6 +89,7 @@ class Runner(Protocol):
     placement: str
     attention_backend: str
     graphs: DecodeGraphs | None
+    extend_graphs: ExtendGraphs | None
     quantization: str
     context_length: int
     kv_pool: KVPool
@@ -142,6 +153,7 @@ class ModelRunner:
                                            mcfg.num_key_value_heads, mcfg.head_dim, self.device)
         self.attention_backend = self.attn.name
         self.graphs: DecodeGraphs | None = None
+        self.extend_graphs: ExtendGraphs | None = None
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             if self.attn.supports_cuda_graph:
                 max_bs = min(config.cuda_graph_max_bs or DEFAULT_MAX_BS, config.max_running_requests)
@@ -149,6 +161,10 @@ class ModelRunner:
                 assert pad_row is not None
                 self.graphs = DecodeGraphs(self.model, self.attn, self.req_pool.req_to_token, pad_row,
                                            self.kv_cache.scratch_slot, max_bs, self.kv_pool.size, self.device)
+                if config.cuda_graph_max_extend_tokens and self.attn.supports_extend_graph:
+                    self.extend_graphs = ExtendGraphs(
+                        self.model, self.attn, self.req_pool.req_to_token, pad_row, self.kv_cache.scratch_slot,
+                        config.cuda_graph_max_extend_tokens, config.max_running_requests, mcfg.head_dim, self.device)
             else:
                 log.info("decode runs without CUDA graphs: the %s attention backend has no graph hooks",
                          self.attention_backend)
@@ -158,7 +174,11 @@ class ModelRunner:
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""
         if self.graphs is not None and self.graphs.can_run(spec):
+            spec.graphed = True
             return self.graphs.replay(spec)
+        if self.extend_graphs is not None and self.extend_graphs.can_run(spec):
+            spec.graphed = True
+            return self.extend_graphs.replay(spec)
         fb = ForwardBatch.build(spec, self.req_pool.req_to_token, self.device)
         fb.attn_backend = self.attn
         self.attn.init_forward_metadata(fb)

@@ -61,6 +61,7 @@ class Counters:
     forward_seconds: float = 0.0
     decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
     cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
+    graphed_forwards: int = 0  # forwards that replayed a CUDA graph (decode or extend)
     mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
@@ -127,6 +128,12 @@ class Scheduler:
         self.inbox.put(("stop", None))
         if self.thread.is_alive():
             self.thread.join(timeout=30)
+
+    def reset_counters(self) -> None:
+        """Start the statistics afresh (after the engine's warm-up; call only while no request is in flight)."""
+        assert not self.busy
+        self.counters = Counters()
+        self.new_token_ratio = self.config.init_new_token_ratio
 
     @property
     def busy(self) -> bool:
@@ -349,7 +356,7 @@ class Scheduler:
     def _groups(self, reqs: list[Req]) -> tuple[list[int], list[tuple[int, int, int]] | None]:
         """An order of the batch that puts requests sharing a cached prefix together, and those groups (see
         KVManager.group_by_prefix); the identity and None when nothing can be shared."""
-        if len(reqs) < 2 or self.tree.disable:
+        if len(reqs) < 2 or self.tree.disable or self.config.disable_cascade:
             return list(range(len(reqs))), None
         order, groups = self.kv.group_by_prefix(reqs, MIN_SHARED_PREFIX)
         if all(shared == 0 for _, _, shared in groups):
@@ -388,12 +395,15 @@ class Scheduler:
     def _forward(self, spec: BatchSpec, reqs: list[Req]) -> Any:
         """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
         only: their new slots are already in their rows, so count them in before releasing."""
-        shared = self.kv.shared_prefix_len(reqs)
+        shared = 0 if self.config.disable_cascade else self.kv.shared_prefix_len(reqs)
         spec.shared_len = shared if shared >= MIN_SHARED_PREFIX else 0
-        self.counters.cascade_batches += spec.shared_len > 0 or any(g[2] for g in spec.groups or ())
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(spec)
+            # a graph replay reads every request's whole key range (no cascade)
+            self.counters.cascade_batches += not spec.graphed and (
+                spec.shared_len > 0 or any(g[2] for g in spec.groups or ()))
+            self.counters.graphed_forwards += spec.graphed
         except Exception as e:
             for r, ext in zip(list(reqs), spec.extend_lens):
                 r.kv_len += ext

@@ -174,6 +174,7 @@ class TPModelRunner:
         self.placement = f"{where} ({size} tensor-parallel worker{'s' if size > 1 else ''})"
         self.attention_backend = resolve_backend_name(config.attention_backend, worker_device)  # what workers run
         self.graphs = None  # workers run every forward eagerly (no CUDA graphs across processes yet)
+        self.extend_graphs = None
         self.quantization = resolve_quantization(config.quantization, worker_device)
         self.context_length = config.context_length or mcfg.max_position_embeddings
         self._io_lock = threading.Lock()  # one exchange with the workers at a time; pipes are read under it

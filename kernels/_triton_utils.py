@@ -28,11 +28,12 @@ except ImportError:  # CPU installs without triton: only the torch references ru
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _unavailable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return fn  # never launched: use_triton() is False without triton
-
-
-jit: Callable[..., Any] = triton.jit if HAS_TRITON else _unavailable
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """`triton.jit`, as `@jit` or `@jit(do_not_specialize=[...])`; without triton a no-op (never launched:
+    use_triton() is False then)."""
+    if fn is None:
+        return lambda f: jit(f, **options)
+    return triton.jit(fn, **options) if HAS_TRITON else fn
 
 
 def constexpr(x: float) -> Any:

@@ -40,7 +40,7 @@ _LN2 = constexpr(0.6931471805599453)  # ln(2): base-2 lse back to natural log
 _NEG_BIG = constexpr(-1.0e30)
 
 
-@_jit
+@_jit(do_not_specialize=["kv_start_val"])  # the cascade's shared length: see extend_attention
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, kv_start_ptr, kv_end_ptr, o_ptr, lse_ptr,
     kv_start_val, qk_scale, stride_qb, stride_qh, stride_kvs, stride_kvh, stride_rt,

@@ -14,6 +14,7 @@ see no key get out = 0 and lse = -inf. No host syncs on the Triton path (CUDA-gr
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ._paged import check_pool_args
@@ -78,18 +79,27 @@ def _attend_tile(
     return acc, l_i, m_new
 
 
-@_jit
+# kv_start_val is the shared-prefix length of a cascade: a new compile per value divisible by 16 or not
+# would land inside a program's first steps, so it is not specialized
+@_jit(do_not_specialize=["kv_start_val"])
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, qo_indptr_ptr, kv_start_ptr, kv_end_ptr, o_ptr, lse_ptr,
     kv_start_val, qk_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     stride_ot, stride_oh, stride_lt, stride_lh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    START_TENSOR: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    START_TENSOR: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_TABLE: tl.constexpr,
+    blocks_ptr,
 ):
-    b = tl.program_id(0)
     h = tl.program_id(1)
-    m0 = tl.program_id(2) * BLOCK_M
+    if BLOCK_TABLE:  # program i takes the query block blocks[i] = (request, first query); request -1: none
+        b = tl.load(blocks_ptr + 2 * tl.program_id(0)).to(tl.int32)
+        m0 = tl.load(blocks_ptr + 2 * tl.program_id(0) + 1).to(tl.int32)
+        if b < 0:
+            return
+    else:
+        b = tl.program_id(0)
+        m0 = tl.program_id(2) * BLOCK_M
     q_lo = tl.load(qo_indptr_ptr + b).to(tl.int32)
     n_q = tl.load(qo_indptr_ptr + b + 1).to(tl.int32) - q_lo
     if m0 >= n_q:
@@ -175,9 +185,10 @@ def extend_attention(
     kv_end: torch.Tensor,  # (B,) int: one past the last key position
     causal: bool,
     scale: float,
-    max_q_len: int,  # host int >= every request's query count: sizes the grid
+    max_q_len: int,  # host int >= every request's query count: sizes the grid (and BLOCK_M)
     out: torch.Tensor | None = None,  # (T, H, D) q.dtype
     lse: torch.Tensor | None = None,  # (T, H) float32
+    blocks: torch.Tensor | None = None,  # (NB, 2) int: the query blocks to compute (extend_blocks); see below
 ) -> torch.Tensor:
     """Request i's queries attend to the keys at positions [kv_start(_i), kv_end[i]) of its row, head h on KV
     head h // (H // Hkv). causal=True: query j of n sees positions p <= kv_end[i] - n + j (bottom-right);
@@ -188,6 +199,11 @@ def extend_attention(
     see no key get out = 0, lse = -inf; rows of q outside every request's range are not written. Returns out.
     Triton on CUDA tensors (or anywhere under TRITON_INTERPRET=1), else the torch reference. No host syncs on the
     Triton path (CUDA-graph safe).
+
+    blocks: instead of a (B, H, cdiv(max_q_len, BLOCK_M)) grid, one program per row of `blocks` (and head):
+    (request, first query row within it), request -1 for none. A CUDA graph captured for a token budget uses it:
+    the grid is fixed by the budget, the table (built per replay by extend_blocks, with BLOCK_M =
+    extend_block_m(D, max_q_len)) says which blocks exist, and unused rows cost one load each.
     """
     T, B, H, Hkv, D = _check_args(q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start, kv_end,
                                   out, lse)
@@ -201,7 +217,11 @@ def extend_attention(
         return out
     block_m, block_n, num_warps, num_stages = _extend_config(D, max_q_len)
     start_tensor = isinstance(kv_start, torch.Tensor)
-    _extend_kernel[(B, H, cdiv(max_q_len, block_m))](
+    if blocks is not None:
+        assert blocks.dim() == 2 and blocks.shape[1] == 2 and blocks.is_contiguous(), blocks.shape
+        assert blocks.device == q.device, (blocks.device, q.device)
+    grid = (B, H, cdiv(max_q_len, block_m)) if blocks is None else (blocks.shape[0], H, 1)
+    _extend_kernel[grid](
         q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start if start_tensor else kv_end, kv_end,
         out, lse if lse is not None else out,
         0 if start_tensor else int(kv_start), scale * _HOST_LOG2E,
@@ -210,8 +230,28 @@ def extend_attention(
         *((lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)),
         G=H // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), START_TENSOR=start_tensor,
         WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_TABLE=blocks is not None, blocks_ptr=blocks if blocks is not None else qo_indptr,
         num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def extend_block_m(head_dim: int, max_q_len: int) -> int:
+    """The query block size extend_attention uses for this head size and max_q_len."""
+    return _extend_config(head_dim, max_q_len)[0]
+
+
+def extend_blocks(extend_lens: np.ndarray, block_m: int, capacity: int) -> np.ndarray:
+    """(capacity, 2) int64 block table for `blocks`: (request, first query) of every BLOCK_M-query block of
+    each request (extend_lens[i] queries), then (-1, 0) rows. Host-side numpy (no device work)."""
+    counts = -(-extend_lens // block_m)  # (B,) blocks per request
+    n = int(counts.sum())
+    assert n <= capacity, (n, capacity)
+    table = np.full((capacity, 2), (-1, 0), dtype=np.int64)
+    req = np.repeat(np.arange(len(extend_lens)), counts)  # (n,)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else np.zeros(0, np.int64)
+    table[:n, 0] = req
+    table[:n, 1] = (np.arange(n) - np.repeat(first, counts)) * block_m
+    return table
 
 
 EXTEND_REF_CHUNK = 1 << 22  # score elements (heads x queries x keys) computed at once by the reference

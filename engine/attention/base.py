@@ -19,6 +19,9 @@ size's capture and `init_replay_metadata(fb)` before each replay, both outside t
 the same tensors as the captured one, refilled in place; its *_cpu fields are current). The default hooks run
 `init_forward_metadata`, which suits a backend whose kernels read everything from fb's device tensors (triton).
 The torch reference reads host lengths inside `forward` and never runs inside a graph.
+Small extends (prefill chunks, mixed batches) replay graphs captured per token budget; a backend that sets
+`supports_extend_graph` attends from fb's device tensors with the fixed-grid block table `fb.blocks` (triton,
+and hybrid through its Triton half).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class AttentionBackend:
 
     name = "base"
     supports_cuda_graph = False
+    supports_extend_graph = False
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self.kv_cache = kv_cache

@@ -5,7 +5,8 @@ Measured on an H200 (benchmarks/results/2026-12-01-gpu-graphs.json): FlashInfer'
 our split-K decode is as fast or faster at every batch size (Llama-3-8B heads, batch 8: 0.011 vs 0.029 ms) and
 needs no per-step host plan (FlashInfer's graph-mode plan cost ~1-5 ms of host time per decode step, batch
 1-64). Extend batches (prefill, mixed batches, jump-forward extends, cascades over a shared prefix) go to
-FlashInfer; decode batches, eager or in a graph, to Triton. Both read the same KV pool.
+FlashInfer; decode batches, eager or in a graph, and the small extends that replay an extend CUDA graph, to
+Triton. Both read the same KV pool.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sgnb.engine.kv_pool import KVCache
 class HybridAttention(AttentionBackend):
     name = "hybrid"
     supports_cuda_graph = True  # decode graphs run the Triton half
+    supports_extend_graph = True  # and extend graphs
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim)
@@ -27,7 +29,8 @@ class HybridAttention(AttentionBackend):
         self.decode = TritonAttention(kv_cache, num_heads, num_kv_heads, head_dim)
 
     def _half(self, fb: ForwardBatch) -> AttentionBackend:
-        return self.decode if fb.mode is ForwardMode.DECODE else self.prefill
+        # a small extend inside a CUDA graph (fb.blocks) runs on Triton too: FlashInfer plans on the host per batch
+        return self.decode if fb.mode is ForwardMode.DECODE or fb.blocks is not None else self.prefill
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         self._half(fb).init_forward_metadata(fb)

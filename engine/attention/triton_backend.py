@@ -27,6 +27,7 @@ class _SharedPass(NamedTuple):
 class TritonAttention(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True  # decode reads lengths and slots from fb's device tensors only
+    supports_extend_graph = True  # extend too, through a block table (fb.blocks)
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.shared_len == 0:
@@ -47,7 +48,7 @@ class TritonAttention(AttentionBackend):
                 return decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, 0, fb.seq_lens,
                                         layer.scale, num_splits=splits)
             return extend_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.qo_indptr, 0,
-                                    fb.seq_lens, True, layer.scale, fb.max_extend_len)
+                                    fb.seq_lens, True, layer.scale, fb.max_extend_len, blocks=fb.blocks)
         T, H = q.shape[0], q.shape[1]
         lse1 = torch.empty(T, H, dtype=torch.float32, device=q.device)
         lse2 = torch.empty_like(lse1)

@@ -26,13 +26,11 @@ import requests
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
-from sgnb.engine.scoring import check_choices, choose
+from sgnb.engine.scoring import check_choices, choice_rows, decide, start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
 from sgnb.sampling import GenParams
 
 _REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-# select scores from a few tokens before the prefix's end: a choice can merge with the prefix's last tokens
-_SELECT_MARGIN = 4
 
 
 class RuntimeEndpoint(Backend):
@@ -185,52 +183,39 @@ class RuntimeEndpoint(Backend):
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,
                choices_method: str) -> ChoiceDecision:
-        """Scores each choice's tokens after the prefix (one batched /generate), like Engine.score.
-
-        The scored tokens start where any choice's tokenization first departs from the prefix's: a choice can
-        merge with the prefix's last token(s) (" yes" after "Answer:"), and that merged token is part of it.
-        """
+        """As SGLang's RuntimeEndpoint.select (engine/scoring.py has the method): the prefix's token count from the
+        server, then one batched /generate of prefix + each choice with logprob_start_len = max(prompt_len - 2, 0)
+        (and, for unconditional_likelihood_normalized, one of each choice's scored tokens alone)."""
         check_choices(choices, choices_method)
         if not ctx.text:
             raise BackendError("select needs a non-empty prefix to score choices against")
         media = _media_fields(ctx.images)
         head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **media})
-        prefix_len = int(head["meta_info"]["prompt_tokens"])  # with the image tokens: positions are the server's
+        start = start_len(int(head["meta_info"]["prompt_tokens"]))  # image tokens counted: the server's positions
         # a batch takes one image_data (video_data) entry per prompt: every prompt holds the prefix's media
-        per_prompt = {k: [v] * (len(choices) + 1) for k, v in media.items()}
-        margin = _SELECT_MARGIN
-        while True:
-            s = max(prefix_len - margin, 0)
-            outs = self._generate({"text": [ctx.text] + [ctx.text + c for c in choices],
-                                   "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-                                   "return_logprob": True, "logprob_start_len": s,
-                                   "return_text_in_logprobs": True, **per_prompt})
-            tails = [[tuple(e) for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
-            prefix_ids = [e[1] for e in tails[0]]
-            start = s + min(_common_len(prefix_ids, [e[1] for e in t]) for t in tails[1:])
-            if start > s or s == 0:  # else the choices merge deeper than the margin: look further back
-                break
-            margin *= 8
-        start = max(1, min(start, s + min(len(t) for t in tails[1:]) - 1))
-        scored = [t[start - s:] for t in tails[1:]]
-        cond = [[float(e[0]) for e in t] for t in scored]
+        per_prompt = {k: [v] * len(choices) for k, v in media.items()}
+        outs = self._generate({"text": [ctx.text + c for c in choices],
+                               "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                               "return_logprob": True, "logprob_start_len": start,
+                               "return_text_in_logprobs": True, **per_prompt})
+        try:
+            rows, normalized = choice_rows(ctx.text, [_entries(o) for o in outs], choices)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
         uncond = None
         if choices_method == "unconditional_likelihood_normalized":
-            # each choice alone after the last shared token, as in Engine.score
-            alone = self._generate({"input_ids": [[e[1] for e in t[start - 1 - s:]] for t in tails[1:]],
+            alone = self._generate({"input_ids": [[e[1] for e in row] for row in rows],
                                     "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                                    "logprob_start_len": 1})
-            uncond = [[float(e[0]) for e in o["meta_info"]["input_token_logprobs"]] for o in alone]
-        index, normalized = choose(choices_method, cond, uncond)
-        meta: dict[str, Any] = {
-            "normalized_prompt_logprobs": normalized,
-            "input_token_logprobs": scored,
-            "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs[1:]),
-            "prompt_tokens": sum(o["meta_info"].get("prompt_tokens", 0) for o in outs[1:]),
+                                    "logprob_start_len": 0, "return_text_in_logprobs": True})
+            uncond = [_entries(o) for o in alone]
+        index, meta = decide(choices_method, normalized, rows, uncond)
+        meta.update({
+            "output_token_logprobs": [[tuple(e) for e in o["meta_info"].get("output_token_logprobs") or []]
+                                      for o in outs],
+            "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
+            "prompt_tokens": sum(o["meta_info"].get("prompt_tokens", 0) for o in outs),
             "choices": list(choices),
-        }
-        if uncond is not None:
-            meta["unconditional_token_logprobs"] = uncond
+        })
         return ChoiceDecision(choices[index], meta)
 
     def abort(self, rid: str) -> None:
@@ -263,13 +248,9 @@ def _template_from_jinja(source: str, info: dict[str, Any], name: str) -> ChatTe
                                                          documents=None, **tokens), name)
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
-    i = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        i += 1
-    return i
+def _entries(out: dict[str, Any]) -> list[tuple]:
+    """A /generate result's input_token_logprobs as (logprob, token id, text) tuples (JSON sends lists)."""
+    return [tuple(e) for e in out["meta_info"].get("input_token_logprobs") or []]
 
 
 def _message_of(body: Any) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
-from sgnb.engine.scoring import check_choices, choose
+from sgnb.engine.scoring import check_choices, choice_rows, decide, start_len
 from sgnb.media import IMAGE_MARKER, VIDEO_MARKER, Media, data_url, with_media_parts
 from sgnb.sampling import GenParams
 
@@ -294,8 +294,10 @@ class OpenAI(Backend):
     # ---- select ------------------------------------------------------------------------------------------
     def select(self, ctx: GenContext, choices: list[str], temperature: float,
                choices_method: str) -> ChoiceDecision:
-        """Completion models: one echoed call scores every choice's tokens (text offsets find where each choice
-        starts; a token merging the prefix's end with the choice counts as the choice's)."""
+        """Completion models, as Engine.score and RuntimeEndpoint (engine/scoring.py has the method) from echoed
+        prompt logprobs: one call echoes the prefix (its token count) and prefix + each choice; the
+        unconditional method echoes each choice's scored text alone in a second. Token ids are unknown here
+        (None in input_token_logprobs)."""
         if self.is_chat_model:
             raise BackendError("select needs token logprobs of given text, which chat endpoints do not return; "
                                "use a completion model")
@@ -303,49 +305,41 @@ class OpenAI(Backend):
         if not ctx.text:
             raise BackendError("select needs a non-empty prefix to score choices against")
         fulls = [ctx.text + c for c in choices]
-        spans = self._echo_logprobs(ctx, fulls, [len(ctx.text)] * len(choices))
-        cond = [[lp for _, lp, _ in span if lp is not None] for span in spans]
+        echoed = self._echo_logprobs(ctx, [ctx.text, *fulls])
+        start = start_len(len(echoed[0]))
+        try:
+            rows, normalized = choice_rows(ctx.text, [[(lp, None, tok) for tok, lp, _ in e[start:]]
+                                                      for e in echoed[1:]], choices)
+        except ValueError as e:
+            raise BackendError(f"{e} (from the endpoint's echoed logprobs)") from None
         uncond = None
         if choices_method == "unconditional_likelihood_normalized":
-            # each choice after only the prefix's last token (its text), as Engine.score does
-            heads = [span[0][2] for span in spans]
-            alone = [full[h:] for full, h in zip(fulls, heads)]
-            spans_u = self._echo_logprobs(ctx, alone, [len(ctx.text) - h for h in heads])
-            uncond = [[lp for _, lp, _ in span if lp is not None] for span in spans_u]
-        if any(not c for c in cond):
-            raise BackendError("the endpoint returned no logprobs for a choice's tokens")
-        index, normalized = choose(choices_method, cond, uncond)
-        meta: dict[str, Any] = {
-            "normalized_prompt_logprobs": normalized,
-            "input_token_logprobs": [[(lp, None, tok) for tok, lp, _ in span] for span in spans],
-            "choices": list(choices),
-        }
-        if uncond is not None:
-            meta["unconditional_token_logprobs"] = uncond
+            # the text from each choice's first scored entry on (the token ids are not known here)
+            cut = [e[len(e) - len(row)][2] for e, row in zip(echoed[1:], rows)]
+            alone = self._echo_logprobs(ctx, [full[c:] for full, c in zip(fulls, cut)])
+            uncond = [[(lp, None, tok) for tok, lp, _ in e] for e in alone]
+        index, meta = decide(choices_method, normalized, rows, uncond)
+        meta["choices"] = list(choices)
         return ChoiceDecision(choices[index], meta)
 
-    def _echo_logprobs(self, ctx: GenContext, prompts: list[str],
-                       starts: list[int]) -> list[list[tuple[str, float | None, int]]]:
-        """Per prompt: (token, logprob, start offset of the previous token) for the tokens from the one that
-        holds character `start` to the end of the prompt."""
+    def _echo_logprobs(self, ctx: GenContext, prompts: list[str]) -> list[list[tuple[str, float | None, int]]]:
+        """Per prompt: (token text, logprob, start offset) of each of its tokens, echoed (the first token's
+        logprob is None)."""
         try:
             resp = self._completion(ctx, "select (echoed prompt logprobs)", prompt=prompts, echo=True, logprobs=1,
                                     max_tokens=1, temperature=0.0)
         except BackendError as e:
             raise BackendError(f"select needs the prompt's token logprobs (echo=True with logprobs), which this "
                                f"endpoint refused: {e}") from e
-        spans = []
+        echoed = []
         for choice in sorted(resp.choices, key=lambda c: c.index):
             lp = choice.logprobs
             if lp is None or not lp.text_offset:
                 raise BackendError("select needs token logprobs of the echoed prompt; the endpoint sent none")
-            prompt, start = prompts[choice.index], starts[choice.index]
-            offsets = lp.text_offset
-            first = max((i for i, o in enumerate(offsets) if o <= start), default=0)
-            end = sum(1 for o in offsets if o < len(prompt))
-            prev = offsets[first - 1] if first > 0 else offsets[first]
-            spans.append([(lp.tokens[i], lp.token_logprobs[i], prev) for i in range(first, max(end, first + 1))])
-        return spans
+            size = len(prompts[choice.index])
+            echoed.append([(lp.tokens[i], lp.token_logprobs[i], o) for i, o in enumerate(lp.text_offset)
+                           if o < size])  # the generated token starts at the prompt's end
+        return echoed
 
 
 class _Lookahead:

@@ -80,7 +80,8 @@ class Runtime(Backend):
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,
                choices_method: str) -> ChoiceDecision:
-        res = self.engine.score(ctx.text, choices, choices_method, **_media_kw(ctx.images))
+        res = self.engine.score(ctx.text, choices, choices_method, return_text_in_logprobs=True,
+                                **_media_kw(ctx.images))  # SGLang's meta_info: the token texts included
         meta = {k: v for k, v in res.items() if k not in ("index", "choice")}
         meta["choices"] = list(choices)
         return ChoiceDecision(res["choice"], meta)

@@ -101,7 +101,9 @@ class NativeRoutes(_Routes):
         params = [self._native_sampling(it.sampling_params) for it in items]
         rids = [it.rid or _new_rid() for it in items]
         lps = [bool(it.return_logprob) for it in items]
-        starts = [-1 if it.logprob_start_len is None else it.logprob_start_len for it in items]
+        # SGLang's logprob_start_len: None is -1 (no input logprobs), and without return_logprob it is ignored
+        starts = [-1 if it.logprob_start_len is None or not lp else it.logprob_start_len
+                  for it, lp in zip(items, lps)]
         tops = [0 if it.top_logprobs_num is None else it.top_logprobs_num for it in items]
         ids = {r: sample_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
         if any(t > self.options.max_top_logprobs_num for t in tops if isinstance(t, int)):
@@ -129,7 +131,7 @@ class NativeRoutes(_Routes):
                         logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
                         return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
                         **media_kw(None if batched else 0))
-                return _json_response(out)
+                return _json_response(_sglang_input_logprobs(out))
 
             calls = []
             for i, prompt in enumerate(prompts):
@@ -158,7 +160,7 @@ class NativeRoutes(_Routes):
                 async with contextlib.aclosing(_merge(streams)) as chunks:
                     async for i, chunk in chunks:
                         texts[i] += chunk["text"]
-                        out = {**chunk, "text": texts[i]}
+                        out = _sglang_input_logprobs({**chunk, "text": texts[i]})
                         if "output_ids" not in chunk:  # not the last chunk
                             out["meta_info"] = {**chunk["meta_info"], "finish_reason": None}
                         if indexed:
@@ -248,3 +250,19 @@ class NativeRoutes(_Routes):
         for rid in self.inflight.engine_ids(req.rid, req.abort_all):
             self.engine.abort(rid)
         return Response(status_code=200)
+
+
+def _sglang_input_logprobs(out: Any) -> Any:
+    """Input logprobs as SGLang's server gives them: the token at logprob_start_len has no logprob (None), its top
+    logprobs none either, whatever logprob_start_len is (the engine computes them when it is > 0). A select
+    through SGLang's own frontend relies on it (it averages every logprob after that token)."""
+    for o in out if isinstance(out, list) else [out]:
+        meta = o.get("meta_info") if isinstance(o, dict) else None
+        if not isinstance(meta, dict) or not meta.get("input_token_logprobs"):
+            continue
+        first, *rest = meta["input_token_logprobs"]
+        meta = {**meta, "input_token_logprobs": [(None, *first[1:]), *rest]}
+        if meta.get("input_top_logprobs"):
+            meta["input_top_logprobs"] = [None, *meta["input_top_logprobs"][1:]]
+        o["meta_info"] = meta
+    return out

@@ -273,6 +273,84 @@ def test_graph_decode_long_context(engines, backend):
         _teacher_forced(ref, ids, out)
 
 
+# ---- extend CUDA graphs (small prefills and mixed batches) ------------------------------------------------------
+
+def test_extend_token_budgets():
+    from sgnb.engine.cuda_graph import extend_token_sizes
+
+    assert extend_token_sizes(512) == [16, 32, 64, 128, 256, 512]
+    assert extend_token_sizes(100) == [16, 32, 64, 100]
+    assert extend_token_sizes(0) == []
+
+
+@pytest.fixture(scope="module")
+def extend_graph_engine(model_dir, engines):
+    """The triton backend with extend graphs (budgets 16..64 tokens). On a GPU captured at start; on the CPU the
+    same static buffers, block tables and padding, run eagerly (capture=False) in the interpreter."""
+    from sgnb.engine import Engine
+    from sgnb.engine.cuda_graph import ExtendGraphs
+
+    eng = Engine(str(model_dir), device=DEVICE, dtype=DTYPE, attention_backend="triton", max_total_tokens=4096,
+                 quantization="none", cuda_graph_max_extend_tokens=64, max_running_requests=16)
+    r = eng.runner
+    if CUDA:
+        assert r.extend_graphs is not None and r.extend_graphs.sizes == [16, 32, 64]
+    else:
+        r.extend_graphs = ExtendGraphs(r.model, r.attn, r.req_pool.req_to_token, r.req_pool.alloc(),
+                                       r.kv_cache.scratch_slot, 64, 16, r.model_config.head_dim, r.device,
+                                       capture=False)
+    yield eng
+    eng.shutdown()
+
+
+def test_extend_graphs_prefill_cached_prefixes_and_mixed_batches(engines, extend_graph_engine):
+    """Prompts of 5-60 tokens prefill through the extend graph of the next budget (padding tokens, idle blocks);
+    then requests over a cached prefix extend a few tokens each (several requests in one graph), and a request
+    admitted while others decode rides in a mixed batch: every prompt and generated logprob equals the fp32 torch
+    reference, padding writes only the scratch slot, and every KV slot is accounted for."""
+    ref, eng = engines["torch"], extend_graph_engine
+    eng.flush_cache()
+    graphs = eng.runner.extend_graphs
+    base = eng.tokenizer.encode(PREFIX)[:40]
+    before = graphs.replays
+    for n in (5, 17, 33, 60):
+        ids = eng.tokenizer.encode(PREFIX)[:n]
+        ref.flush_cache()
+        _close(_prompt_logprobs(eng, ids), _prompt_logprobs(ref, ids), TOL)
+    assert graphs.replays - before >= 4
+    eng.generate(input_ids=base, sampling_params={"max_new_tokens": 0})  # cached for what follows
+    prompts = [base + eng.tokenizer.encode(f" Item {i}: the number {i * 7}") for i in range(3)]
+    before = graphs.replays
+    outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 5, "temperature": 0,
+                                                            "ignore_eos": True}, return_logprob=True)
+    assert graphs.replays > before
+    for ids, out in zip(prompts, outs):
+        assert out["meta_info"]["cached_tokens"] >= 32
+        ref.flush_cache()
+        _teacher_forced(ref, ids, out)
+    # a mixed batch: one request decodes while another is admitted (riders ride the extend graph)
+    long_gen = eng.generate(input_ids=base + [500, 501], sampling_params={"max_new_tokens": 24, "temperature": 0,
+                                                                         "ignore_eos": True},
+                            return_logprob=True, stream=True)
+    first = next(long_gen)
+    late = eng.generate(input_ids=base + [700, 701, 702], sampling_params={"max_new_tokens": 4, "temperature": 0,
+                                                                          "ignore_eos": True}, return_logprob=True)
+    rest = [first, *long_gen]
+    full = rest[-1]
+    ref.flush_cache()
+    _teacher_forced(ref, base + [700, 701, 702], late)
+    ref.flush_cache()
+    _teacher_forced(ref, base + [500, 501], full)
+    kv = eng.runner.kv_cache
+    for buf in (*kv.k_buffers, *kv.v_buffers):
+        assert not buf[0].any(), "a padding token wrote the zero slot"
+    pool = eng.runner.kv_pool
+    assert pool.available + eng.tree.total_size == pool.size
+    stats = eng.get_stats()
+    if CUDA:
+        assert stats["cuda_graph"]["extend"]["replays"] == graphs.replays
+
+
 def test_no_graphs_off_cuda_or_when_disabled(engines, model_dir):
     assert engines["torch"].get_stats()["cuda_graph"] is None  # the torch backend has no graph hooks
     if CUDA:

@@ -229,7 +229,8 @@ def extend_case(g: torch.Generator, H: int, Hkv: int, D: int):
     # 64 and 128 on CUDA), the last tile that all of a block's queries see in full; (17, 32) / (65, 300): a
     # block's last query sees exactly the first key of a new tile
     seqs = ([(0, 7), (5, 1), (12, 40), (30, 1), (0, 1), (16, 16), (14, 35), (17, 32)] if not CUDA
-            else [(0, 300), (5, 1), (700, 129), (64, 64), (0, 1), (1000, 17), (128, 256), (126, 500), (65, 300)])
+            else [(0, 300), (5, 1), (700, 129), (64, 64), (0, 1), (1000, 17), (128, 256), (126, 500), (65, 300),
+                  (0, 1700)])  # a long fresh prompt: 27 query blocks, the diagonal walked 27 times
     lens = [p + e for p, e in seqs]
     k_buf, v_buf, table, rows = make_pool(g, lens, Hkv, D)
     T = sum(e for _, e in seqs)
@@ -277,6 +278,38 @@ def test_extend_causal_matches_refs(H, Hkv, D):
     paged = paged_attention_ref(q, k_buf.nan_to_num(0.0), v_buf.nan_to_num(0.0), table, rows.tolist(),
                                 [p for p, _ in seqs], [e for _, e in seqs], scale)
     torch.testing.assert_close(out.float(), paged.float(), **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize(("H", "Hkv", "D"), HEADS[:2])
+def test_extend_block_table_equals_the_grid(H, Hkv, D):
+    """The block-table launch (what extend CUDA graphs use: a fixed grid, unused rows of the table idle) writes
+    the same rows as the per-request grid, leaves rows past the batch untouched, and an all-idle table writes
+    nothing."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(H + D)
+    seqs, k_buf, v_buf, table, rows, q, qo = extend_case(g, H, Hkv, D)
+    T = q.shape[0]
+    ends = torch.tensor([p + e for p, e in seqs], device=device)
+    max_q = max(e for _, e in seqs)
+    scale = D**-0.5
+    want = ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q)
+    pad = 5  # rows of q beyond the batch (a graph's padding tokens): never written
+    qp = torch.cat([q, rand(pad, H, D, g=g)])
+    bm = ext.extend_block_m(D, max_q)
+    lens = np.array([e for _, e in seqs])
+    blocks = ext.extend_blocks(lens, bm, capacity=int((-(-lens // bm)).sum()) + 7)
+    assert (blocks[-7:, 0] == -1).all() and blocks[0].tolist() == [0, 0]
+    out = poisoned(T + pad, H, D, dt=dtype)
+    ext.extend_attention(qp, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, out=out,
+                         blocks=torch.from_numpy(blocks).to(device))
+    torch.testing.assert_close(out[:T], want)
+    assert torch.isnan(out[T:]).all()
+    idle = poisoned(T + pad, H, D, dt=dtype)
+    ext.extend_attention(qp, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, out=idle,
+                         blocks=torch.from_numpy(np.full((4, 2), (-1, 0))).to(device))
+    assert torch.isnan(idle).all()
 
 
 @needs_triton

@@ -9,14 +9,19 @@ sglang = pytest.importorskip("sglang", reason="install sglang --no-deps (make te
 
 
 @pytest.fixture(scope="module")
-def sglang_endpoint(engine):
-    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
-
+def server(engine):
     from sgnb.server import start_server_thread
 
     handle = start_server_thread(engine, "127.0.0.1", 0)
-    yield RuntimeEndpoint(handle.url)
+    yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="module")
+def sglang_endpoint(server):
+    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+    return RuntimeEndpoint(server.url)
 
 
 def test_sglang_frontend_program_on_sgnb_serve(sglang_endpoint, engine):
@@ -92,6 +97,93 @@ def test_sglang_frontend_concate_and_append(sglang_endpoint):
     st = box["st"]
     assert "Note 1: cats purr" in st.text() and "Note 2: dogs bark" in st.text()
     assert isinstance(st["topic"], str)
+
+
+# ---- select: SGLang's frontend and sgnb's backends score the same ------------------------------------------------
+SELECTS = [
+    # a close call: the mean over the prefix's last token and the choice's (SGLang's) picks " yellow"; the
+    # choice's tokens alone would pick " dark purple with spots"
+    ("Q: What color is a ripe banana?\nA:", [" yellow", " dark purple with spots", " blue"]),
+    ("The color of grass is ", ["green", "blue", "reddish"]),  # each choice merges with the trailing space
+    ("Is ice cold? Answer:", [" yes", " no"]),
+]
+
+
+@pytest.mark.parametrize("prefix, choices", SELECTS)
+def test_sglang_frontend_and_sgnb_score_select_alike(sglang_endpoint, server, engine, prefix, choices):
+    """The same select through SGLang's own frontend on `sgnb serve`, sgnb's RuntimeEndpoint on it and the
+    in-process Runtime: one decision, the same normalized_prompt_logprobs and input_token_logprobs."""
+    import sgnb
+
+    @sglang.function
+    def theirs(s):
+        s += prefix + sglang.select("pick", choices=choices)
+
+    @sgnb.function
+    def ours(s):
+        s += prefix + sgnb.select("pick", choices=choices)
+
+    ref = theirs.run(backend=sglang_endpoint)
+    ref_meta = ref.get_meta_info("pick")
+    for backend in (sgnb.RuntimeEndpoint(server.url), sgnb.Runtime(engine=engine)):
+        st = ours.run(backend=backend)
+        assert st.error() is None, st.error()
+        meta = st.get_meta_info("pick")
+        assert st["pick"] == ref["pick"], type(backend).__name__
+        assert meta["normalized_prompt_logprobs"] == pytest.approx(ref_meta["normalized_prompt_logprobs"], abs=1e-4)
+        assert len(meta["input_token_logprobs"]) == len(ref_meta["input_token_logprobs"]) == len(choices)
+        for row, want in zip(meta["input_token_logprobs"], ref_meta["input_token_logprobs"]):
+            assert [tuple(e[1:]) for e in row] == [tuple(e[1:]) for e in want]  # token ids and texts
+            assert [e[0] is None for e in row] == [e[0] is None for e in want]
+            assert [e[0] for e in row if e[0] is not None] == pytest.approx(
+                [e[0] for e in want if e[0] is not None], abs=1e-4)
+    if prefix.startswith("Q: What color"):
+        assert ref["pick"] == " yellow"
+
+
+def _post(server, body: dict):
+    import requests
+
+    res = requests.post(server.url + "/generate", json=body, timeout=120)
+    return res.status_code, res.json() if res.headers.get("content-type", "").startswith("application/json") else res
+
+
+def test_sgnb_serve_takes_logprob_start_len_as_sglangs_server(server, engine):
+    """The token at logprob_start_len has no logprob (None, its top logprobs too), as SGLang's server sends it;
+    the later ones are the engine's. None and -1 mean no input logprobs; without return_logprob the value is
+    ignored."""
+    prompt = "The radix tree keeps the KV cache of every prompt"
+    ids = engine.tokenizer.encode(prompt)
+    sp = {"max_new_tokens": 1, "temperature": 0}
+    want = engine.generate(prompt, sp, return_logprob=True, logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    for start in (0, 1, len(ids) - 2, len(ids) - 1):
+        status, out = _post(server, {"text": prompt, "sampling_params": sp, "return_logprob": True,
+                                     "logprob_start_len": start, "top_logprobs_num": 2})
+        assert status == 200
+        got, tops = out["meta_info"]["input_token_logprobs"], out["meta_info"]["input_top_logprobs"]
+        assert [e[1] for e in got] == ids[start:]
+        assert got[0][0] is None and tops[0] is None and all(t is not None for t in tops[1:])
+        assert [e[0] for e in got[1:]] == pytest.approx([e[0] for e in want[start + 1:]], abs=1e-4)
+    for start in (None, -1):
+        status, out = _post(server, {"text": prompt, "sampling_params": sp, "return_logprob": True,
+                                     "logprob_start_len": start})
+        assert status == 200 and out["meta_info"]["input_token_logprobs"] == []
+        assert len(out["meta_info"]["output_token_logprobs"]) == 1
+    status, out = _post(server, {"text": prompt, "sampling_params": sp, "logprob_start_len": -7})
+    assert status == 200 and "input_token_logprobs" not in out["meta_info"]  # ignored, as SGLang ignores it
+    status, _ = _post(server, {"text": prompt, "sampling_params": sp, "return_logprob": True,
+                               "logprob_start_len": -7})
+    assert status == 400
+    # a stream's last chunk carries them the same way
+    import json
+
+    import requests
+
+    res = requests.post(server.url + "/generate", json={"text": prompt, "sampling_params": sp, "stream": True,
+                                                        "return_logprob": True, "logprob_start_len": 2}, timeout=120)
+    chunks = [json.loads(line[5:]) for line in res.iter_lines() if line.startswith(b"data:") and line != b"data: [DONE]"]
+    last = chunks[-1]["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in last] == ids[2:] and last[0][0] is None and last[1][0] is not None
 
 
 # ---- SGLang idioms through sgnb itself (`import sgnb as sgl`) --------------------------------------------------

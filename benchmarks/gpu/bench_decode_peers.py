@@ -1,0 +1,120 @@
+"""The decode step of the peers on the Llama-2-7B shape (bf16, random weights, context ~1k), greedy, beside
+sgnb's in the same run (benchmarks/bench_attention.py --engine gives sgnb's rows):
+
+- gpt-fast: pytorch-labs/gpt-fast's `model.py` (its public repository, kept out of this tree: pass its folder),
+  the decode step compiled with mode="reduce-overhead", fullgraph, as its generate.py does; greedy argmax.
+- HF transformers: `generate` with greedy decoding, per-token time = (time(n + k tokens) - time(n)) / k.
+
+    python3 benchmarks/gpu/bench_decode_peers.py --gpt-fast-dir .gpu/gpt-fast --batches 1,8,64,128 --out x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int) -> list[dict]:
+    spec = importlib.util.spec_from_file_location("gpt_fast_model", Path(folder) / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpt_fast_model"] = mod
+    spec.loader.exec_module(mod)
+    with torch.device("cuda"):
+        model = mod.Transformer(mod.ModelArgs.from_name("7B"))
+    model = model.to(torch.bfloat16).eval()
+    for p in model.parameters():  # small random weights: finite activations through 32 layers
+        p.data.normal_(0.0, 0.02)
+
+    def step(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        logits = model(x, pos)
+        return logits[:, -1].argmax(-1, keepdim=True).to(torch.int32)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    rows = []
+    for b in batches:
+        t0 = time.perf_counter()
+        with torch.device("cuda"):
+            model.setup_caches(max_batch_size=b, max_seq_length=context + steps + 16)
+        with torch.inference_mode():
+            x = torch.randint(0, 32000, (b, context), device="cuda", dtype=torch.int32)
+            model(x, torch.arange(context, device="cuda"))  # prefill (eager, as gpt-fast's default)
+            cur = torch.zeros(b, 1, dtype=torch.int32, device="cuda")
+            pos = torch.tensor([context], device="cuda")
+            for _ in range(3):  # compile + graph capture for this shape
+                cur = compiled(cur, pos)
+            compile_s = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            for k in range(steps):
+                pos.fill_(context + 1 + k)
+                cur = compiled(cur, pos).clone()
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t1) / steps * 1e3
+        rows.append({"system": "gpt-fast", "batch": b, "context": context, "decode_step_ms": round(ms, 2),
+                     "compile_and_capture_s": round(compile_s, 1)})
+        print(json.dumps(rows[-1]), flush=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _generate_s(model, x: torch.Tensor, n: int, kw: dict) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def hf_rows(batches: list[int], context: int, steps: int) -> list[dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    rows = []
+    for b in batches:
+        x = torch.randint(0, 32000, (b, context), device="cuda")
+        kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+        with torch.inference_mode():
+            model.generate(x, max_new_tokens=2, min_new_tokens=2, **kw)  # warm up
+
+            short, long = _generate_s(model, x, 2, kw), _generate_s(model, x, 2 + steps, kw)
+        rows.append({"system": "hf-transformers", "batch": b, "context": context,
+                     "decode_step_ms": round((long - short) / steps * 1e3, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpt-fast-dir", default=None)
+    ap.add_argument("--batches", default="1,8,64,128")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--systems", default="gpt-fast,hf-transformers")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    rows: list[dict] = []
+    systems = args.systems.split(",")
+    if "gpt-fast" in systems and args.gpt_fast_dir:
+        rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps)
+    if "hf-transformers" in systems:
+        rows += hf_rows(batches, args.context, args.steps)
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                          "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
