@@ -55,6 +55,10 @@ class EngineConfig:
     # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
     # program pays a first-use compile; None -> on CUDA only (CPU kernels need no compiling)
     warmup: bool | None = None
+    # the interpreter's thread switch interval (sys.setswitchinterval) while the engine runs; None -> 0.5 ms on
+    # CUDA (Python's 5 ms default made the scheduler thread wait for the GIL behind a program's threads every
+    # step), unchanged on the CPU. Process-wide; restored when the engine shuts down
+    gil_switch_interval: float | None = None
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
@@ -86,6 +90,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
         if self.chunked_prefill_size < 1 or self.max_prefill_tokens < 1:
             raise ValueError("chunked_prefill_size and max_prefill_tokens must be positive")
+        if self.gil_switch_interval is not None and not 0 < self.gil_switch_interval <= 1:
+            raise ValueError(f"gil_switch_interval must be in (0, 1] seconds, got {self.gil_switch_interval}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0 <= self.cuda_graph_max_extend_tokens <= 8192:

@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +40,8 @@ from sgnb.engine.sampling_params import SamplingParams, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
+# the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
+CUDA_SWITCH_INTERVAL = 0.0005
 log = logging.getLogger("sgnb.engine")
 OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a worker thread
 
@@ -81,7 +84,12 @@ class Engine:
             raise
         # stop the thread (and any workers) at exit or when the engine is collected (a daemon thread dying
         # inside torch aborts)
-        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner)
+        switch = self.config.gil_switch_interval or (CUDA_SWITCH_INTERVAL if self.runner.device.type == "cuda" else None)
+        restore = None
+        if switch is not None and switch != sys.getswitchinterval():
+            restore = (sys.getswitchinterval(), switch)
+            sys.setswitchinterval(switch)
+        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner, restore)
         self._ids = itertools.count()
         self._closed = False
         self.warmup_seconds = 0.0
@@ -726,9 +734,11 @@ class Engine:
         self.shutdown()
 
 
-def _stop(scheduler: Scheduler, runner: Runner) -> None:
+def _stop(scheduler: Scheduler, runner: Runner, restore: tuple[float, float] | None = None) -> None:
     scheduler.stop()
     runner.shutdown()
+    if restore is not None and sys.getswitchinterval() == restore[1]:  # unless someone changed it since
+        sys.setswitchinterval(restore[0])
 
 
 def _stream_safe_len(text: str, stops: Sequence[str]) -> int:

@@ -28,7 +28,10 @@ FAST = ["triton"] + (["flashinfer", "hybrid"] if CUDA and flashinfer_available()
 # bf16 was 0.105 off HF's fp32); a wrong position, slot or mask moves them by units. On CPU everything is fp32
 # (triton in the interpreter).
 REF_DTYPE = "float32"
-TOL = 1.5e-1 if CUDA else 2e-4  # logprob tolerance: a bf16 backend vs the fp32 reference
+# logprob tolerance, a bf16 backend vs the fp32 reference: the worst seen on the H200 was 0.184 (1.8k-token
+# contexts, where the 1.7k-token extend kernel itself matched an fp64 oracle at bf16 tolerance in
+# tests/kernels), typically < 0.11
+TOL = 2.5e-1 if CUDA else 2e-4
 HF_TOL = {"torch": 2e-3 if CUDA else 2e-4}  # vs HF transformers in fp32; the bf16 backends: TOL
 
 PREFIX = ("You are a careful assistant. Answer with one word. The radix tree shares the KV cache of every "
@@ -146,7 +149,10 @@ def test_shared_prefix_batch_uses_cascade(engines, backend):
     prefix = eng.tokenizer.encode(PREFIX)
     assert len(prefix) >= 32
     eng.generate(input_ids=prefix, sampling_params={"max_new_tokens": 0})  # cache it
-    prompts = [prefix + eng.tokenizer.encode(f" Question {i}: what is {i} plus {i}?") for i in range(4)]
+    # past the extend CUDA graphs' 512-token budget (a graph replay reads each request's whole range instead)
+    filler = " Think about it step by step, then answer." * 12
+    prompts = [prefix + eng.tokenizer.encode(f" Question {i}: what is {i} plus {i}?{filler}") for i in range(4)]
+    assert sum(len(p) - len(prefix) for p in prompts) > 512
     before = eng.get_stats()["cascade_batches"]
     outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 6, "temperature": 0,
                                                             "ignore_eos": True}, return_logprob=True)

@@ -648,3 +648,18 @@ def test_warm_up_leaves_a_clean_engine_that_computes_the_same():
         lb = [t[0] for t in b["meta_info"]["output_token_logprobs"]]
         assert a["output_ids"] == b["output_ids"]
         assert max(abs(x - y) for x, y in zip(la, lb)) < TOL
+
+
+def test_gil_switch_interval_is_set_while_the_engine_runs_and_restored():
+    import sys
+
+    from sgnb.engine import Engine
+
+    before = sys.getswitchinterval()
+    with Engine("dummy:tiny", quantization="none") as cpu_default:  # the CPU default leaves it alone
+        assert sys.getswitchinterval() == before and cpu_default.is_alive
+    with Engine("dummy:tiny", quantization="none", gil_switch_interval=0.001):
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(ValueError, match="gil_switch_interval"):
+        Engine("dummy:tiny", gil_switch_interval=0.0)

@@ -307,4 +307,4 @@ bitmask.apply_token_bitmask(logits, torch.tensor([[1]], dtype=torch.int32))
 assert logits[0, 0] == 0 and logits[0, 1:].eq(float("-inf")).all()
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, env=env, timeout=120)  # -P: the installed sgnb, not ./sgnb
