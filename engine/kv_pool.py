@@ -103,6 +103,9 @@ class KVCache:
         return 2 * len(self.k_buffers) * k.shape[1] * k.shape[2] * k.element_size()
 
 
+PENDING_MERGE = 256  # freed slot lists kept before they are merged into the free list
+
+
 class KVPool:
     """A free list of slots 1..num_slots on `device`, and the slots' storage when it lives in this process
     (`cache`; None when tensor-parallel workers hold it)."""
@@ -112,26 +115,36 @@ class KVPool:
         self.device = device
         self.cache = cache
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
+        self._num_free = num_slots  # len(_free) + the pending slots, kept as a count: `available` is hot
         self._pending: list[torch.Tensor] = []  # freed slots, merged lazily (cat is cheaper once per step)
 
     @property
     def available(self) -> int:
-        return len(self._free) + sum(len(p) for p in self._pending)
+        return self._num_free
+
+    def _merge(self) -> None:
+        self._free = torch.cat([self._free, *self._pending])
+        self._pending = []
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """n slots (int64 tensor), or None when fewer than n are free (the caller evicts and retries)."""
         if n > len(self._free) and self._pending:
-            self._free = torch.cat([self._free, *self._pending])
-            self._pending = []
+            self._merge()
         if n > len(self._free):
             return None
         out, self._free = self._free[:n], self._free[n:]
+        self._num_free -= n
         return out
 
     def free(self, slots: torch.Tensor) -> None:
-        if slots.numel():
+        n = slots.numel()
+        if n:
             self._pending.append(slots.to(torch.int64))
+            self._num_free += n
+            if len(self._pending) >= PENDING_MERGE:  # many small frees (jump-forward rollbacks): bound the list
+                self._merge()
 
     def clear(self) -> None:
         self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._num_free = self.size
         self._pending = []

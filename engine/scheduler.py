@@ -242,9 +242,9 @@ class Scheduler:
                 break
             if added is Added.YES:
                 admitted.append(req)
-                if req.cached_tokens < 0:
-                    req.cached_tokens = req.cached_len
-                    self.counters.cached_tokens += req.cached_len
+                if req.cached_tokens < 0:  # prompt tokens served from the cache (not a forced opening after it)
+                    req.cached_tokens = min(req.cached_len, len(req.origin_input_ids))
+                    self.counters.cached_tokens += req.cached_tokens
         if admitted:
             ids = {id(r) for r in admitted}
             self.waiting = [r for r in self.waiting if id(r) not in ids]
