@@ -48,9 +48,10 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_suite.py --scale cpu
 
-# the GPU variant of the suite (run on a GPU machine): benchmarks/results/<date>-gpu.json
+# on a GPU machine: the decode step vs gpt-fast (GPT_FAST_DIR=a checkout of pytorch-labs/gpt-fast) and HF, prefill vs
+# the matmul ceiling, and the suite at GPU scale with its ablations: benchmarks/results/<date>-gpu.json
 bench-gpu: $(STAMP)
-	$(BIN)/python benchmarks/bench_suite.py --scale gpu --systems sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward
+	$(BIN)/python benchmarks/bench_gpu.py
 
 # the single-topic benchmarks of the engine, language and structured-output issues
 bench-extra: $(STAMP)

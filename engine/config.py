@@ -52,6 +52,11 @@ class EngineConfig:
     # CUDA: extend batches (prefill chunks, mixed batches) of up to this many tokens replay graphs captured per
     # token budget (16, 32, ..., this); 0 runs them eagerly. An eager 7B forward costs ~16-22 ms of host time
     cuda_graph_max_extend_tokens: int = 512
+    # overlap scheduling: a decode step is launched over the previous step's tokens while they are still on the
+    # device, and the host finishes the previous step (detokenizing, stop checks, callbacks) while the device
+    # runs the new one (engine/scheduler.py). None -> on CUDA (in-process runner), off on the CPU (nothing to
+    # overlap: the CPU computes the step itself); False forces it on (tests), True off (ablation)
+    disable_overlap_schedule: bool | None = None
     # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
     # program pays a first-use compile; None -> on CUDA only (CPU kernels need no compiling)
     warmup: bool | None = None

@@ -129,6 +129,8 @@ class DecodeGraphs:
         st.buf.copy_(st.host, non_blocking=True)
         if st.copied is not None:
             st.copied.record()
+        if spec.input_ids_device is not None:  # overlap scheduling: the previous step's tokens, on the device
+            st.buf[0, :b].copy_(spec.input_ids_device)
         st.loc[:b].copy_(spec.out_cache_loc)
         if b < bs:
             st.loc[b:].fill_(self.scratch_slot)

@@ -666,6 +666,31 @@ class Engine:
         return {"nodes": nodes, "total_tokens": self.tree.total_size, "evictable_tokens": self.tree.evictable_size,
                 "protected_tokens": self.tree.protected_size}
 
+    # the tree node by node, for views (ids as in tree_snapshot and the events); safe from any thread
+    def node_key(self, node_id: int) -> list[int] | None:
+        """The radix key of tree node `node_id` (token ids; an image is its run of pad ids), or None when the node
+        is gone. It is the node's own list: a split replaces it and nothing mutates it, so reading it needs no
+        lock; do not modify it."""
+        node = self.tree.nodes.get(node_id)  # one dict read
+        return None if node is None else node.key
+
+    def node_text(self, node_id: int, max_tokens: int | None = None) -> str | None:
+        """The text of node `node_id`'s key (its first `max_tokens` ids), as `key_text` reads it; None when gone."""
+        key = self.node_key(node_id)
+        return None if key is None else self.key_text(key if max_tokens is None else key[:max_tokens])
+
+    def node_path(self, node_id: int) -> list[int] | None:
+        """Ids of the nodes from the root (excluded) down to `node_id` (included), or None when it is gone."""
+        with self.tree.lock:
+            node = self.tree.nodes.get(node_id)
+            if node is None:
+                return None
+            path = []
+            while node.parent is not None:
+                path.append(node.id)
+                node = node.parent
+        return path[::-1]
+
     def get_stats(self) -> dict:
         s = self.scheduler
         c = s.counters
@@ -679,6 +704,7 @@ class Engine:
             "attention_backend": self.runner.attention_backend,
             "cuda_graph": self._graph_stats(),
             "warmup_seconds": self.warmup_seconds,
+            "memory": getattr(self.runner, "memory", None),
             "quantization": self.runner.quantization,
             "tp_size": self.config.tp_size,
             "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
@@ -698,6 +724,8 @@ class Engine:
             "decode_seconds": c.decode_seconds,
             "cascade_batches": c.cascade_batches,
             "graphed_forwards": c.graphed_forwards,
+            "overlap_schedule": s.overlap,
+            "overlapped_steps": c.overlapped_steps,
             "mixed_batches": c.mixed_batches,
             "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
             "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,

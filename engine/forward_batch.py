@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from sgnb.engine.attention.base import AttentionBackend
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor without waiting for the device: on CUDA through pinned memory and
+    a non-blocking copy (a plain torch.tensor(..., device="cuda") synchronizes the stream, which would wait for
+    a forward in flight)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill: some requests add several tokens (over a cached prefix or none)
     DECODE = "decode"  # every request adds exactly one token
@@ -49,6 +58,9 @@ class BatchSpec:
     # tokens; their input_ids are placeholders), and those features, (K, hidden) in the model's dtype
     mm_rows: list[int] | None = None  # (K,)
     mm_embeds: torch.Tensor | None = None  # (K, hidden), on the runner's device
+    # decode under overlap scheduling: the input ids as a device tensor (the previous step's sampled tokens,
+    # never copied to the host first); input_ids then holds placeholders of the same length
+    input_ids_device: torch.Tensor | None = None
     graphed: bool = False  # set by the runner: the forward replayed a CUDA graph (no cascade then)
 
     @property
@@ -70,6 +82,7 @@ class BatchSpec:
     def to_wire(self) -> dict[str, Any]:
         """Picklable, torch-free form (numpy arrays) for the tensor-parallel workers (text batches only)."""
         assert not self.mm_rows, "multimodal batches do not run tensor-parallel"
+        assert self.input_ids_device is None, "overlap scheduling runs in-process only"
         return {"input_ids": np.asarray(self.input_ids, dtype=np.int64),
                 "out_cache_loc": self.out_cache_loc.cpu().numpy(),
                 "req_pool_indices": self.req_pool_indices, "prefix_lens": self.prefix_lens,
@@ -137,6 +150,8 @@ class ForwardBatch:
         mm_rows = None
         if spec.mm_rows:
             mm_rows = torch.tensor(spec.mm_rows, dtype=torch.int64).to(device, non_blocking=True)
+        if spec.input_ids_device is not None:
+            ids.copy_(spec.input_ids_device)
         return cls(
             mode=spec.mode, batch_size=B, num_tokens=T, input_ids=ids, positions=pos,
             out_cache_loc=spec.out_cache_loc.to(device), req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,

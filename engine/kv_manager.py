@@ -68,7 +68,7 @@ class KVManager:
         row = req.req_pool_idx
         slots = self.req_pool.req_to_token[row, : req.kv_len]
         key = req.fill_ids[: req.kv_len]
-        present = self.tree.insert(key, slots)
+        present = self.tree.insert(key, slots, req.rid)
         if present > req.cached_len:  # someone else cached these first: drop our copies
             self.kv_pool.free(slots[req.cached_len: present].clone())
         match = self.tree.match_prefix(key)
@@ -88,7 +88,7 @@ class KVManager:
         slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
         own_from = req.cached_len
         if cache and not self.tree.disable and req.kv_len > 0:
-            own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots)
+            own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.rid)
             self.kv_pool.free(slots[own_from: max(own_until, own_from)])
         else:
             self.kv_pool.free(slots[own_from:])

@@ -7,6 +7,8 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
 - `attention_backend`: the name of the attention backend the model runs with;
 - `graphs`, `extend_graphs`: the decode and small-extend CUDA graphs (engine/cuda_graph.py) when they run, else
   None; `forward` sets spec.graphed when it replayed one;
+- `supports_overlap` (optional, default False): `forward` accepts a decode spec whose ids are on the device
+  (`spec.input_ids_device`), so the scheduler may overlap steps;
 - `encode(item)`: encoder features of an image or video (multimodal models);
 - `failure()`: the error that makes the runner unusable (a dead worker), else None; `shutdown()`.
 """
@@ -126,6 +128,8 @@ def make_runner(config: EngineConfig, source: ModelSource) -> Runner:
 class ModelRunner:
     """The model in this process (tp_size 1): the scheduler's tables and the KV storage on one device."""
 
+    supports_overlap = True  # forward takes spec.input_ids_device (overlap scheduling)
+
     def __init__(self, config: EngineConfig, source: ModelSource) -> None:
         self.config = config
         self.source = source
@@ -154,6 +158,7 @@ class ModelRunner:
         self.attention_backend = self.attn.name
         self.graphs: DecodeGraphs | None = None
         self.extend_graphs: ExtendGraphs | None = None
+        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             if self.attn.supports_cuda_graph:
                 max_bs = min(config.cuda_graph_max_bs or DEFAULT_MAX_BS, config.max_running_requests)
@@ -168,8 +173,13 @@ class ModelRunner:
             else:
                 log.info("decode runs without CUDA graphs: the %s attention backend has no graph hooks",
                          self.attention_backend)
-        log.info("model %s on %s/%s (weights: %s), KV pool %d tokens, attention %s", source.name, self.device,
-                 self.dtype, self.quantization, self.kv_pool.size, self.attention_backend)
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        kv_bytes = self.kv_cache.bytes_per_token() * (slots + 2)
+        graph_bytes = torch.cuda.memory_reserved(self.device) - reserved if self.device.type == "cuda" else 0
+        self.memory = {"weights_bytes": weights, "kv_cache_bytes": kv_bytes, "cuda_graph_bytes": graph_bytes}
+        log.info("model %s on %s/%s (weights: %s, %.2f GiB), KV pool %d tokens (%.2f GiB), CUDA graphs %.2f GiB, "
+                 "attention %s", source.name, self.device, self.dtype, self.quantization, weights / 2**30,
+                 self.kv_pool.size, kv_bytes / 2**30, graph_bytes / 2**30, self.attention_backend)
 
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""

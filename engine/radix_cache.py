@@ -9,6 +9,9 @@ Contract:
   for slots that are literally the tree's own (the prefix it matched before).
 - `evict` frees least-recently-used unlocked leaves, cascading to parents that become unlocked leaves.
 - Sizes: `evictable_size` counts tokens in unlocked nodes, `protected_size` tokens in locked ones.
+- Events, through `emit(kind, data)` after each change: reset {root}, insert {node, parent, tokens, rid (the
+  request whose tokens they are, or None)}, split {node, upper (the new node above it), parent, at}, lock and
+  unlock {nodes}, hit {nodes, tokens, rid}, evict {nodes, tokens}. Replaying them rebuilds the structure.
 Only the scheduler thread mutates the tree; `snapshot` may be called from elsewhere while holding `lock`.
 """
 
@@ -27,7 +30,8 @@ EventSink = Callable[[str, dict[str, Any]], None]
 
 
 class TreeNode:
-    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access", "hit_count", "created")
+    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access", "hit_count", "created",
+                 "last_hit")
 
     def __init__(self, node_id: int, key: list[int], value: torch.Tensor, parent: TreeNode | None) -> None:
         self.id = node_id
@@ -39,6 +43,7 @@ class TreeNode:
         self.last_access = time.monotonic()
         self.hit_count = 0
         self.created = self.last_access
+        self.last_hit = 0.0  # when a request last matched it (record_hit); 0.0: never
 
     def __len__(self) -> int:
         return len(self.key)
@@ -119,11 +124,13 @@ class RadixCache:
             return i
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
-        """Cut `child` after n tokens; returns the new upper node (which keeps child's locks and stats)."""
+        """Cut `child` after n tokens; returns the new upper node, which keeps child's locks, stats and creation
+        time (its tokens were cached when child's were: a split makes no new cache entry)."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
         upper = TreeNode(next(self._ids), child.key[:n], child.value[:n], parent)
         upper.lock_ref, upper.last_access, upper.hit_count = child.lock_ref, child.last_access, child.hit_count
+        upper.created, upper.last_hit = child.created, child.last_hit
         upper.children = {child.key[n]: child}
         parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
@@ -131,8 +138,9 @@ class RadixCache:
         self.emit("split", {"node": child.id, "upper": upper.id, "parent": parent.id, "at": n})
         return upper
 
-    def insert(self, key: list[int], value: torch.Tensor) -> int:
-        """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract)."""
+    def insert(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> int:
+        """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract).
+        `rid`, the request whose tokens these are, goes into the "insert" event (views show who shares a node)."""
         if self.disable:
             return 0
         assert len(key) == len(value), (len(key), len(value))
@@ -145,7 +153,7 @@ class RadixCache:
                     node.children[key[i]] = leaf
                     self.nodes[leaf.id] = leaf
                     self.evictable_size += len(leaf)
-                    self.emit("insert", {"node": leaf.id, "parent": node.id, "tokens": len(leaf)})
+                    self.emit("insert", {"node": leaf.id, "parent": node.id, "tokens": len(leaf), "rid": rid})
                     return i
                 n = common_prefix_len(child.key, key[i:])
                 if n < len(child.key):
@@ -187,7 +195,7 @@ class RadixCache:
         now, ids, tokens = time.monotonic(), [], 0
         with self.lock:
             while node is not self.root:
-                node.last_access = now
+                node.last_access = node.last_hit = now
                 node.hit_count += 1
                 ids.append(node.id)
                 tokens += len(node)
@@ -259,6 +267,7 @@ class RadixCache:
                     "hit_count": node.hit_count,
                     "last_access": node.last_access,
                     "created": node.created,
+                    "last_hit": node.last_hit,
                     "key": node.key[:max_key],
                 }
                 if token_text is not None:

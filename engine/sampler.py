@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from sgnb.engine.forward_batch import to_device
 from sgnb.engine.request import Req
 
 
@@ -27,16 +28,16 @@ def apply_penalties(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, .
         sp = req.sampling
         if sp.repetition_penalty != 1.0:
             V = logits.shape[1]  # image / video pad ids (engine/media.py) are keys, not tokens: skip them
-            seen = torch.tensor(sorted(t for t in set(req.fill_ids) if t < V), dtype=torch.int64, device=logits.device)
+            seen = to_device(sorted(t for t in set(req.fill_ids) if t < V), torch.int64, logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
-            ids, counts = torch.tensor(req.output_ids, device=logits.device).unique(return_counts=True)
+            ids, counts = to_device(req.output_ids, torch.int64, logits.device).unique(return_counts=True)
             logits[i, ids] -= sp.frequency_penalty * counts.to(logits.dtype) + sp.presence_penalty
         if len(req.output_ids) < sp.min_new_tokens and req.grammar is None:  # a grammar decides its own end
             banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_ids))
             if banned:
-                logits[i, torch.tensor(banned, device=logits.device)] = float("-inf")
+                logits[i, to_device(banned, torch.int64, logits.device)] = float("-inf")
 
 
 def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -53,12 +54,52 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+class DeviceSample:
+    """One sampling step's results on the device, with their copy to the host started at once (pinned
+    buffers, non-blocking on CUDA): `to_host()` waits for that copy only, not for whatever the device runs
+    after it (the next step's forward, under overlap scheduling)."""
+
+    def __init__(self, chosen: torch.Tensor, token_lp: torch.Tensor | None, top: tuple[torch.Tensor, torch.Tensor] | None,
+                 top_nums: list[int]) -> None:
+        self.chosen = chosen  # (B,) int64 on the device: the next step's input ids
+        self.top_nums = top_nums
+        cuda = chosen.is_cuda
+        parts = [chosen] + ([token_lp] if token_lp is not None else []) + (list(top) if top is not None else [])
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in parts]
+        for h, t in zip(self._host, parts):
+            h.copy_(t, non_blocking=cuda)
+        self._has_lp, self._has_top = token_lp is not None, top is not None
+        self._event = torch.cuda.Event() if cuda else None
+        if self._event is not None:
+            self._event.record()
+
+    def to_host(self) -> SampleOutput:
+        if self._event is not None:
+            self._event.synchronize()
+        parts = iter(self._host)
+        ids = next(parts).tolist()
+        token_lp = next(parts).tolist() if self._has_lp else None
+        top = None
+        if self._has_top:
+            vals, idx = next(parts).tolist(), next(parts).tolist()
+            top = [list(zip(v[:k], t[:k])) for v, t, k in zip(vals, idx, self.top_nums)]
+        return SampleOutput(ids, token_lp, top)
+
+
 def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
            default_generator: torch.Generator | None,
            apply_mask: Callable[[torch.Tensor], None] | None = None) -> SampleOutput:
     """logits (B, V) float32 for the next token of each request. Mutates logits. `apply_mask` masks the
     rows of constrained requests (grammar bitmask); reported logprobs are then those of the constrained
     distribution."""
+    return sample_on_device(logits, reqs, eos_ids, default_generator, apply_mask).to_host()
+
+
+def sample_on_device(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
+                     default_generator: torch.Generator | None,
+                     apply_mask: Callable[[torch.Tensor], None] | None = None) -> DeviceSample:
+    """`sample` without waiting for the device: no host sync on the way (every branch is decided from host
+    values), the chosen ids stay on the device and their host copy is under way."""
     B, V = logits.shape
     assert B == len(reqs)
     apply_penalties(logits, reqs, eos_ids)
@@ -67,33 +108,30 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
     want_lp = any(r.return_logprob for r in reqs)
     logprobs_all = logits.log_softmax(-1) if want_lp else None  # (B, V)
 
-    chosen = torch.empty(B, dtype=torch.int64, device=logits.device)
+    dev = logits.device
     greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
     sampled = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
-    if greedy:
-        chosen[greedy] = logits[greedy].argmax(-1)
+    chosen = logits.argmax(-1)  # (B,) the greedy rows' answer; sampled rows are overwritten below
     if sampled:
-        sub = logits[sampled]
+        sub = logits if not greedy else logits[to_device(sampled, torch.int64, dev)]
         sp = [reqs[i].sampling for i in sampled]
-        temps = torch.tensor([s.temperature for s in sp], device=logits.device).unsqueeze(1)
+        temps = to_device([s.temperature for s in sp], torch.float32, dev).unsqueeze(1)
         sub = sub / temps
-        top_k = torch.tensor([s.top_k if s.top_k > 0 else V for s in sp], device=logits.device)
-        top_p = torch.tensor([s.top_p for s in sp], device=logits.device)
-        min_p = torch.tensor([s.min_p for s in sp], device=logits.device)
-        if (top_k < V).any() or (top_p < 1.0).any() or (min_p > 0).any():
+        if any(0 < s.top_k < V or s.top_p < 1.0 or s.min_p > 0 for s in sp):
+            top_k = to_device([s.top_k if 0 < s.top_k < V else V for s in sp], torch.int64, dev)
+            top_p = to_device([s.top_p for s in sp], torch.float32, dev)
+            min_p = to_device([s.min_p for s in sp], torch.float32, dev)
             sub = _filter(sub, top_k, top_p, min_p)
         probs = sub.softmax(-1)
         for row, i in enumerate(sampled):
             gen = reqs[i].generator or default_generator
             chosen[i] = torch.multinomial(probs[row], 1, generator=gen)[0]
 
-    ids = chosen.tolist()
     token_lp, top = None, None
+    top_nums = [r.top_logprobs_num for r in reqs]
     if logprobs_all is not None:
-        token_lp = logprobs_all.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
-        k = max(r.top_logprobs_num for r in reqs)
+        token_lp = logprobs_all.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        k = max(top_nums)
         if k > 0:
-            vals, idx = logprobs_all.topk(k, dim=-1)
-            top = [list(zip(v[: r.top_logprobs_num], t[: r.top_logprobs_num]))
-                   for v, t, r in zip(vals.tolist(), idx.tolist(), reqs)]
-    return SampleOutput(ids, token_lp, top)
+            top = logprobs_all.topk(k, dim=-1)
+    return DeviceSample(chosen, token_lp, tuple(top) if top is not None else None, top_nums)

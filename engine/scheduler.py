@@ -26,13 +26,13 @@ import torch
 from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import EventBus
-from sgnb.engine.forward_batch import BatchSpec
+from sgnb.engine.forward_batch import BatchSpec, to_device
 from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.media import PLACEHOLDER_ID, EncoderCache, is_pad
 from sgnb.engine.model_runner import Runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
-from sgnb.engine.sampler import SampleOutput, sample
+from sgnb.engine.sampler import DeviceSample, SampleOutput, sample, sample_on_device
 from sgnb.engine.schedule_policy import order_waiting
 from sgnb.engine.tokenizer import Tokenizer
 
@@ -62,6 +62,7 @@ class Counters:
     decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
     cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
     graphed_forwards: int = 0  # forwards that replayed a CUDA graph (decode or extend)
+    overlapped_steps: int = 0  # decode steps launched before the previous step's tokens reached the host
     mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
@@ -96,6 +97,11 @@ class Scheduler:
         self.thread = threading.Thread(target=self._run, name="sgnb-scheduler", daemon=True)
         self.fatal: BaseException | None = None
         self._rids: set[str] = set()  # rids of requests submitted and not finished (submit checks them)
+        # overlap scheduling (see _launch): on CUDA in this process unless disabled; forced on for tests
+        overlap = config.disable_overlap_schedule
+        self.overlap = (runner.device.type == "cuda" and getattr(runner, "supports_overlap", False)
+                        if overlap is None else not overlap)
+        self._pending: _Pending | None = None  # a decode step whose tokens are still on the device
         self._rid_lock = threading.Lock()
 
     # ---- thread-safe entry points ----------------------------------------------------------------------
@@ -158,6 +164,7 @@ class Scheduler:
                     break
                 self._apply_aborts()
                 if self._pending_flush and not self.busy:
+                    self._resolve_pending()  # a step of aborted requests may still be pending
                     self._flush_now()
                 if not self.step() and self.busy:
                     time.sleep(0.001)  # nothing could run this round (should not persist; see _admit)
@@ -183,6 +190,14 @@ class Scheduler:
 
     def step(self) -> bool:
         """One scheduling round. Returns whether a batch ran."""
+        if self._pending is not None:
+            nxt = self._overlap_batch()
+            if nxt is not None:
+                t0 = time.perf_counter()
+                self._decode_overlapped(nxt)
+                self.counters.decode_seconds += time.perf_counter() - t0
+                return True
+            self._resolve_pending()
         batch = self._admit()
         if batch:
             self._run_prefill(batch)
@@ -464,8 +479,91 @@ class Scheduler:
         self.counters.decode_steps += 1
         for r in reqs:
             r.kv_len += 1
-        self._sample_and_advance(reqs, hidden, None)
+        if not (self.overlap and all(_overlap_ok(r) for r in reqs) and self._launch(reqs, hidden)):
+            self._sample_and_advance(reqs, hidden, None)
         self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
+
+    # ---- overlap scheduling ------------------------------------------------------------------------------
+    # A decode step's sampled tokens stay on the device and feed the next step's forward directly; the host
+    # appends them (finish checks, detokenizing, callbacks) while the device runs that next step. So a
+    # request that finishes (EOS, a stop string) is seen one step late: it rides one extra step whose KV is
+    # real (its last token's) and whose token is dropped. Only plain decode continues this way: anything that
+    # needs the previous token on the host first (a grammar mask, penalties, min_new_tokens, a prefill,
+    # admission, aborts, retraction) waits for it (`_resolve_pending`), and the next step runs as before.
+
+    def _launch(self, reqs: list[Req], hidden: Any) -> bool:
+        """Sample this step on the device and leave it pending. False when sampling raised (the caller then
+        samples synchronously, request by request)."""
+        try:
+            out = sample_on_device(self.runner.logits(hidden, None), reqs, self.eos_ids, self.generator)
+        except Exception:
+            return False
+        self._pending = _Pending(reqs, out)
+        return True
+
+    def _overlap_batch(self) -> list[Req] | None:
+        """The next decode batch if it can start before the pending step is on the host, else None: every
+        running request was in the pending step, nothing waits to be admitted, aborted or flushed, each
+        request is plainly decoding and the KV pool has a slot for each."""
+        pending = self._pending
+        if (pending is None or self.waiting or self._aborts or self._pending_flush or not self.inbox.empty()
+                or any(r.status is not ReqStatus.RUNNING for r in self.active)):
+            return None
+        members = pending.index
+        running = self.active
+        if any(id(r) not in members for r in running):
+            return None
+        ctx = self.runner.context_length
+        # a request whose pending token ends it by length finishes when resolved: not in the next step
+        nxt = [r for r in running if len(r.output_ids) + 1 < r.sampling.max_new_tokens]
+        if not nxt or any(not _overlap_ok(r) or r.kv_len + 2 >= ctx for r in nxt):
+            return None
+        short = len(nxt) - self.kv_pool.available
+        if short > 0:
+            self.tree.evict(short)
+            if len(nxt) > self.kv_pool.available:
+                return None
+        return nxt
+
+    def _decode_overlapped(self, reqs: list[Req]) -> None:
+        """Launch the next decode step (`reqs`, from _overlap_batch) over the pending step's tokens (still on the
+        device), then bring the pending step to the host while the device runs the new one."""
+        prev = self._pending
+        assert prev is not None
+        slots = self.kv.alloc(len(reqs))
+        assert slots is not None, "_overlap_batch ensured the room"
+        rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
+        dev = slots.device
+        self.req_pool.write_points(to_device(rows, torch.int64, dev), to_device(kv_lens, torch.int64, dev), slots)
+        pick = [prev.index[id(r)] for r in reqs]
+        ids = prev.out.chosen if pick == list(range(len(prev.reqs))) else \
+            prev.out.chosen[to_device(pick, torch.int64, prev.out.chosen.device)]
+        spec = BatchSpec(input_ids=[0] * len(reqs), out_cache_loc=slots, req_pool_indices=rows,  # type: ignore[arg-type]
+                         prefix_lens=kv_lens, extend_lens=[1] * len(reqs), input_ids_device=ids)
+        hidden = self._forward(spec, reqs)
+        self._pending = None
+        if hidden is None:  # the forward failed: those requests failed; the earlier step still lands
+            self._advance(prev.reqs, prev.out.to_host())
+            return
+        self.counters.decode_steps += 1
+        self.counters.overlapped_steps += 1
+        for r in reqs:
+            r.kv_len += 1
+        launched = self._launch(reqs, hidden)
+        self._advance(prev.reqs, prev.out.to_host())  # the host's work, while the device runs this step
+        if not launched:
+            live = [r for r in reqs if not r.finished]
+            if live:
+                self._sample_and_advance(live, hidden, [reqs.index(r) for r in live])
+        self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
+
+    def _resolve_pending(self) -> None:
+        """Bring the pending decode step's tokens to the host and advance its requests."""
+        prev, self._pending = self._pending, None
+        if prev is not None:
+            t0 = time.perf_counter()
+            self._advance(prev.reqs, prev.out.to_host())
+            self.counters.decode_seconds += time.perf_counter() - t0
 
     def _make_room_for_decode(self) -> None:
         running = self._with(ReqStatus.RUNNING)
@@ -502,10 +600,17 @@ class Scheduler:
             out = SampleOutput([out.token_ids[i] for i in keep],
                                None if out.logprobs is None else [out.logprobs[i] for i in keep],
                                None if out.top_logprobs is None else [out.top_logprobs[i] for i in keep])
+        self._advance(reqs, out)
+
+    def _advance(self, reqs: list[Req], out: SampleOutput) -> None:
+        """Append each request's sampled token, then finish, jump forward or tell its caller. A request that
+        finished meanwhile (aborted while its step was in flight, under overlap scheduling) is skipped."""
         now = time.perf_counter()
-        self.counters.generated_tokens += len(reqs)
-        self.counters.recent.append((now, len(reqs), 0))
-        for i, r in enumerate(reqs):
+        live = [i for i, r in enumerate(reqs) if not r.finished]
+        self.counters.generated_tokens += len(live)
+        self.counters.recent.append((now, len(live), 0))
+        for i in live:
+            r = reqs[i]
             try:
                 token = out.token_ids[i]
                 r.output_ids.append(token)
@@ -721,3 +826,20 @@ def _first_stop(text: str, sp: Any) -> tuple[int, str] | None:
         if m:
             return m.start(), m.group(0)
     return None
+
+
+class _Pending:
+    """A decode step whose sampled tokens are still on the device (overlap scheduling)."""
+
+    def __init__(self, reqs: list[Req], out: DeviceSample) -> None:
+        self.reqs = reqs
+        self.out = out
+        self.index = {id(r): i for i, r in enumerate(reqs)}
+
+
+def _overlap_ok(req: Req) -> bool:
+    """Whether a request's next token can be sampled before its previous one is on the host: nothing in its
+    sampling reads its output so far (a grammar, penalties, a min_new_tokens ban still in force)."""
+    sp = req.sampling
+    return (req.grammar is None and sp.repetition_penalty == 1.0 and not sp.frequency_penalty
+            and not sp.presence_penalty and len(req.output_ids) >= sp.min_new_tokens)

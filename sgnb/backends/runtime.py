@@ -110,4 +110,5 @@ def _media_kw(media: list[Media]) -> dict[str, Any]:
 def _raise_if_aborted(meta: dict[str, Any]) -> None:
     reason = meta.get("finish_reason") or {}
     if reason.get("type") == "abort":
-        raise BackendError(f"request {meta.get('id')} was aborted: {reason.get('message', 'aborted')}")
+        why = reason.get("message") or "aborted"
+        raise BackendError(f"request {meta.get('id')} was aborted" + ("" if why == "aborted" else f": {why}"))

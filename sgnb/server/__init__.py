@@ -24,7 +24,9 @@ Contracts:
 - Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
   wrong types and unknown fields (request schemas forbid extras, so a typo names itself) and the engine's
   TypeError/ValueError are 400 (an invalid regex / json_schema / ebnf too); features the engine lacks (audio,
-  tools) are 400 "not supported yet"; a dead engine is 503. One request's failure never affects another's.
+  OpenAI's deprecated functions / function_call) are 400 "not supported yet"; a dead engine is 503. Tools on
+  /v1/chat/completions: tool_choice "required" or a named function constrains the reply to a call of the
+  allowed functions (JSON schema from their parameters); "auto" switches to that once the model opens a call. One request's failure never affects another's.
 - Images and videos (multimodal models): /generate takes SGLang's `image_data` / `video_data` (for one prompt an
   item or a list, for a batch one entry per prompt), /v1/chat/completions content parts `image_url` and
   `video_url` (an extension: {"url", "num_frames"}). Each item is a data: URL or a plain base64 string (a video

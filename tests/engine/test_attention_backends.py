@@ -260,6 +260,31 @@ def test_graph_decode_padded_batches(engines, graph_engine, n):
     assert eng.get_stats()["cuda_graph"]["replays"] == eng.runner.graphs.replays
 
 
+def test_overlap_through_the_graphs_matches_step_by_step(graph_engine):
+    """Overlap scheduling feeds the decode graphs the previous step's tokens on the device (input_ids_device):
+    the same tokens and logprobs as stepping one at a time, across batch sizes that cross ladder steps."""
+    eng = graph_engine
+    sched = eng.scheduler
+    saved = sched.overlap
+    prompts = [eng.tokenizer.encode(PREFIX[: 50 + 19 * i] + f" Item {i}:") for i in range(5)]
+    sp = [{"max_new_tokens": 4 + 3 * i, "temperature": 0, "ignore_eos": True} for i in range(5)]
+    outs = {}
+    try:
+        for flag in (False, True):
+            sched.overlap = flag
+            eng.flush_cache()
+            before = eng.get_stats()["overlapped_steps"]
+            outs[flag] = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
+            assert (eng.get_stats()["overlapped_steps"] > before) is flag
+    finally:
+        sched.overlap = saved
+    for a, b in zip(outs[False], outs[True]):
+        assert a["output_ids"] == b["output_ids"]
+        la = [t[0] for t in a["meta_info"]["output_token_logprobs"]]
+        lb = [t[0] for t in b["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(la, lb)) < (1e-3 if CUDA else 1e-5)
+
+
 @pytest.mark.skipif(not CUDA, reason="long contexts through captured graphs: the GPU run")
 @pytest.mark.parametrize("backend", FAST)
 def test_graph_decode_long_context(engines, backend):

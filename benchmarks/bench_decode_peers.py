@@ -5,7 +5,7 @@ sgnb's in the same run (benchmarks/bench_attention.py --engine gives sgnb's rows
   the decode step compiled with mode="reduce-overhead", fullgraph, as its generate.py does; greedy argmax.
 - HF transformers: `generate` with greedy decoding, per-token time = (time(n + k tokens) - time(n)) / k.
 
-    python3 benchmarks/gpu/bench_decode_peers.py --gpt-fast-dir .gpu/gpt-fast --batches 1,8,64,128 --out x.json
+    python3 benchmarks/bench_decode_peers.py --gpt-fast-dir .gpu/gpt-fast --batches 1,8,64,128 --out x.json
 """
 
 from __future__ import annotations
