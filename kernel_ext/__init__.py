@@ -1,7 +1,11 @@
 """sgnb.kernel_ext: the IPython extension. `%load_ext sgnb` (or `%load_ext sgnb.kernel_ext`) registers
 
 - `%sgl`: the kernel's engine and backend: `model`, `backend`, `tree`, `stats`, `flush`, `serve`, `status`;
-- `%%sgl`: a cell as an LM program on the current backend, with a live view.
+- `%%sgl`: a cell as an LM program on the current backend, with a live view;
+- Tab completion of `%sgl` lines (subcommands, options, model aliases) and, for the kernel's completer and
+  inspector, the language's names in the user namespace where they are free (`gen`, `select`, `user`, ...,
+  `function`, `sgl`; hidden from `%who`), so `gen(max_t` + Tab completes `max_tokens=` and `gen(` + Shift-Tab
+  shows gen's signature in any cell.
 
 The magics are thin: they parse their line and call sgnb's public API (`sgnb.Runtime`, `set_default_backend`,
 `SglFunction.run`, `sgnb.notebook`) and the views of `sgnb.widgets`. Loading the extension imports no torch;
@@ -13,10 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 _SESSION_ATTR = "_sgnb_session"
+_UNDO_ATTR = "_sgnb_unload"  # what unloading undoes: the completer, the names put in the user namespace
 
 
 def load_ipython_extension(ip: Any) -> None:
-    from sgnb.kernel_ext.engine_magics import EngineMagics
+    from sgnb.kernel_ext.engine_magics import EngineMagics, register_completion
     from sgnb.kernel_ext.program_magics import ProgramMagics
     from sgnb.kernel_ext.session import KernelSession
 
@@ -26,6 +31,29 @@ def load_ipython_extension(ip: Any) -> None:
     setattr(ip, _SESSION_ATTR, session)
     ip.register_magics(EngineMagics(ip, session))
     ip.register_magics(ProgramMagics(ip, session))
+    remove_completion = register_completion(ip)
+    shared = share_primitives(ip)
+
+    def undo() -> None:
+        remove_completion()
+        for name, value in shared.items():
+            if ip.user_ns.get(name) is value:
+                ip.user_ns.pop(name, None)
+                ip.user_ns_hidden.pop(name, None)
+
+    setattr(ip, _UNDO_ATTR, undo)
+
+
+def share_primitives(ip: Any) -> dict[str, Any]:
+    """Put what a `%%sgl` cell sees without importing (`sgnb.notebook.prelude()`) in the user namespace, where
+    the name is free, hidden from `%who` (`push(interactive=False)`); returns what was added. The completer
+    and the inspector look names up there: this is what makes `gen(` + Shift-Tab and `gen(max_t` + Tab work
+    in `%%sgl` cells (and plain ones). A `%%sgl` cell reads the same objects either way."""
+    from sgnb.notebook import prelude
+
+    free = {name: value for name, value in prelude().items() if name not in ip.user_ns}
+    ip.push(free, interactive=False)
+    return free
 
 
 def unload_ipython_extension(ip: Any) -> None:
@@ -35,6 +63,10 @@ def unload_ipython_extension(ip: Any) -> None:
         return
     session.close()
     setattr(ip, _SESSION_ATTR, None)
+    undo = getattr(ip, _UNDO_ATTR, None)
+    if undo is not None:
+        undo()
+        setattr(ip, _UNDO_ATTR, None)
     magics = ip.magics_manager.magics
     magics["line"].pop("sgl", None)
     magics["cell"].pop("sgl", None)
@@ -45,4 +77,4 @@ def get_session(ip: Any) -> Any:
     return getattr(ip, _SESSION_ATTR, None)
 
 
-__all__ = ["get_session", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["get_session", "load_ipython_extension", "share_primitives", "unload_ipython_extension"]

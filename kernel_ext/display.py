@@ -82,8 +82,8 @@ def tree_text(engine: Any, max_nodes: int = 60) -> Text:
             return
         if node["parent"] is not None:
             lock = f", locked x{node['lock_ref']}" if node["lock_ref"] else ""
-            live = engine.tree.nodes.get(node["id"])
-            text, media = key_label(engine, live.key, 16, px=None) if live is not None else ("", [])
+            key = engine.node_key(node["id"])
+            text, media = key_label(engine, key, 16, px=None) if key is not None else ("", [])
             held = "".join(f" ({m['kind']} {m['hash']}, {m['tokens']} tok)" for m in media)
             lines.append(f"{'  ' * depth}- [{node['tokens']} tok, {node['hit_count']} hits{lock}] {text!r}{held}")
         for child in children.get(node["id"], []):

@@ -1,10 +1,12 @@
-"""`%sgl`: the kernel's engine and backend (load a model, switch backends, watch the cache, serve it)."""
+"""`%sgl`: the kernel's engine and backend (load a model, switch backends, watch the cache, serve it), and its
+Tab completion (`complete_line`, registered with the kernel's completer by `register_completion`)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -157,6 +159,129 @@ class EngineMagics(Magics):
         print(self.session.describe())
 
 
+# ---- completion ----------------------------------------------------------------------------------------------
+BACKEND_FORMS = ("http://127.0.0.1:30000", "openai:", "anthropic:")
+
+
+def model_aliases() -> list[str]:
+    """The model names `%sgl model` takes that are not paths: the default model's aliases and the dummy shapes."""
+    from sgnb.engine.model_loader import SMOLLM2_NAME, dummy_config_names
+
+    return ["smollm2", SMOLLM2_NAME, *(f"dummy:{name}" for name in dummy_config_names())]
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {flag: a for a in parser._actions for flag in a.option_strings if flag.startswith("--")}
+
+
+def _backend_names(user_ns: Mapping[str, Any]) -> list[str]:
+    """The user's variables `%sgl backend NAME` accepts: backends and in-process engines."""
+    from sgnb.backends.base import Backend
+
+    def usable(value: Any) -> bool:
+        return isinstance(value, Backend) or type(value).__module__ == "sgnb.engine.engine"
+
+    return sorted(k for k, v in list(user_ns.items()) if not k.startswith("_") and usable(v))
+
+
+def complete_line(before: str, user_ns: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """Tab completion of a `%sgl` line (or a `%%sgl` cell's first line), given its text up to the cursor: the word
+    being completed and its candidates, or None when the line is none of ours. The first word completes to a
+    subcommand, `--...` to that subcommand's options, an option's value to its choices, `%sgl model ...` to
+    the model aliases (a path is left to IPython's file completion: no candidates), `%sgl backend ...` to the
+    backend forms and the user's variables holding a backend or an engine."""
+    words = before.split()
+    if not words or words[0] not in ("%sgl", "%%sgl"):
+        return None
+    current = "" if before[-1:].isspace() else words.pop()
+    if not words:  # the cursor is still on "%sgl" itself: IPython completes magic names
+        return None
+    args = words[1:]  # the words before the one being completed
+    if words[0] == "%%sgl":
+        from sgnb.kernel_ext.program_magics import ProgramMagics
+        from sgnb.state import ProgramState
+
+        if args and args[-1] in ("-i", "--input"):  # a state to continue
+            return current, sorted(k for k, v in list(user_ns.items())
+                                   if isinstance(v, ProgramState) and k.startswith(current))
+        return current, _option_candidates(ProgramMagics.sgl.parser, args, current)
+    if not args:
+        return current, [c for c in (*SUBCOMMANDS, "help") if c.startswith(current)]
+    parser = _COMMAND_PARSERS.get(args[0])
+    if parser is None:
+        return current, []
+    candidates = _option_candidates(parser, args[1:], current)
+    if candidates or current.startswith("-") or _takes_value(parser, args[1:]):
+        return current, candidates
+    positional = _positionals(parser, args[1:])
+    if args[0] == "model" and not positional:
+        names = model_aliases()
+    elif args[0] == "backend" and not positional:
+        names = [*BACKEND_FORMS, *_backend_names(user_ns)]
+    else:
+        names = []
+    return current, [n for n in names if n.lower().startswith(current.lower())]
+
+
+def _positionals(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """The words of `args` that are not options or an option's value."""
+    options, out, skip = _options(parser), [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            action = options.get(a.split("=", 1)[0])
+            skip = "=" not in a and action is not None and action.nargs != 0
+        else:
+            out.append(a)
+    return out
+
+
+def _takes_value(parser: argparse.ArgumentParser, args: list[str]) -> bool:
+    action = _options(parser).get(args[-1]) if args else None
+    return action is not None and action.nargs != 0
+
+
+def _option_candidates(parser: argparse.ArgumentParser, args: list[str], current: str) -> list[str]:
+    """`--...` options of `parser` for `current`, or the choices of the option just before it."""
+    options = _options(parser)
+    if current.startswith("-"):
+        return sorted(f for f in options if f.startswith(current))
+    action = options.get(args[-1]) if args else None
+    if action is not None and action.choices:
+        return [str(c) for c in action.choices if str(c).startswith(current)]
+    return []
+
+
+def register_completion(shell: Any) -> Callable[[], None]:
+    """Add `%sgl` completion to the shell's completer (a Matcher API v2 matcher that takes over the lines
+    `complete_line` answers); returns the function that removes it."""
+    completer = getattr(shell, "Completer", None)
+    if completer is None or not hasattr(completer, "custom_matchers"):
+        return lambda: None
+    from IPython.core.completer import SimpleCompletion, context_matcher
+
+    @context_matcher()
+    def sgl_matcher(context: Any) -> dict[str, Any]:
+        try:
+            found = complete_line(context.text_until_cursor, shell.user_ns)
+        except Exception:  # completion must never raise into the frontend
+            found = None
+        if not found or not found[1]:  # (no candidates cannot suppress the others: a path gets IPython's files)
+            return {"completions": [], "suppress": False}
+        fragment, names = found
+        return {"completions": [SimpleCompletion(n, type="sgl") for n in names], "matched_fragment": fragment,
+                "suppress": True, "ordered": True}
+
+    completer.custom_matchers.append(sgl_matcher)
+
+    def remove() -> None:
+        if sgl_matcher in completer.custom_matchers:
+            completer.custom_matchers.remove(sgl_matcher)
+
+    return remove
+
+
 EngineMagics.sgl.__doc__ = f"""The kernel's engine and backend.
 
 Usage:
@@ -167,7 +292,8 @@ Commands:
 
 `%sgl model` takes every engine option (`%sgl model -h` lists them); it shuts down the engine it loaded
 before. `%%sgl` runs a cell as an LM program on the current backend (`%%sgl?`). Programs anywhere in the
-notebook (`fn.run()`) use the same default backend.
+notebook (`fn.run()`) use the same default backend. Tab completes commands, options and model names
+(`%sgl mo<Tab>`, `%sgl model sm<Tab>`).
 
 Examples:
   %sgl model smollm2 --device cpu

@@ -42,9 +42,12 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from sgnb.backends.anthropic import Anthropic
+    from sgnb.backends.crusoe import Crusoe
     from sgnb.backends.endpoint import RuntimeEndpoint
+    from sgnb.backends.litellm import LiteLLM
     from sgnb.backends.openai import OpenAI
     from sgnb.backends.runtime import Runtime
+    from sgnb.backends.vertexai import VertexAI
     from sgnb.engine import Engine, EngineConfig, SamplingParams
 
 _LAZY = {
@@ -55,6 +58,9 @@ _LAZY = {
     "RuntimeEndpoint": "sgnb.backends.endpoint",
     "OpenAI": "sgnb.backends.openai",
     "Anthropic": "sgnb.backends.anthropic",
+    "LiteLLM": "sgnb.backends.litellm",
+    "Crusoe": "sgnb.backends.crusoe",
+    "VertexAI": "sgnb.backends.vertexai",
 }
 
 
@@ -67,6 +73,17 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+class ServerArgs:
+    """SGLang's server configuration (`sgl.ServerArgs`). sgnb has none by that name: constructing one raises
+    NotImplementedError saying what configures what here."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "sgnb has no ServerArgs: the in-process engine takes its options as keywords, "
+            "sgl.Runtime(model_path, **options) or sgl.Engine(model_path, **options) (sgl.EngineConfig lists them), "
+            "and the server is started with `sgnb serve --model ...` (`sgnb serve --help` lists its flags)")
 
 
 def load_ipython_extension(ip: Any) -> None:
@@ -108,8 +125,9 @@ def get_server_info(backend: Backend | None = None) -> dict:
 __all__ = [
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "global_config", "greedy_token_selection",
     "token_length_normalized", "unconditional_likelihood_normalized",
-    "Anthropic", "Backend", "BackendError", "Engine", "EngineConfig", "OpenAI", "ProgramError", "ProgramState",
-    "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "SglFunction", "assistant",
+    "Anthropic", "Backend", "BackendError", "Crusoe", "Engine", "EngineConfig", "LiteLLM", "OpenAI", "ProgramError",
+    "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "SamplingParams", "ServerArgs",
+    "SglFunction", "VertexAI", "assistant",
     "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
     "get_default_backend", "get_server_info", "image", "load_notebook", "select", "separate_reasoning",
     "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",

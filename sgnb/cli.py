@@ -3,6 +3,7 @@
     sgnb serve --model smollm2 --port 30000 [--max-total-tokens N] [--schedule-policy lpm] [--disable-radix-cache]
     sgnb run NB.ipynb [-p KEY=VALUE ...] [--backend URL] [-o out.ipynb|out.html] [--timeout S]
     sgnb run NB.ipynb --function F --input in.jsonl [-o out.jsonl] [--backend URL | --model M ...] [--num-threads N]
+    sgnb export EXECUTED.ipynb [-o page.html | -o out.ipynb]
 
 Every `EngineConfig` field is an option (`--max-total-tokens`, `--chunked-prefill-size`, ...), generated from the
 dataclass, so a new engine knob is a new flag with no edit here. Importing this module does not import torch.
@@ -132,7 +133,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run against this backend: http(s)://HOST:PORT (sgnb serve, an SGLang server), "
                              "openai:MODEL or anthropic:MODEL; the notebook's `%%sgl model` then keeps it")
     parser.add_argument("-o", "--output", metavar="PATH",
-                        help="the executed notebook (.ipynb) or its HTML export with widget state (.html); "
+                        help="the executed notebook (.ipynb) or its HTML page (.html: the views work offline); "
                              "with --function, the JSONL results (default: stdout)")
     parser.add_argument("--timeout", type=float, default=600, metavar="S",
                         help="seconds a cell may run (default: 600; 0: no limit)")
@@ -244,10 +245,43 @@ def _run_dataset(args: argparse.Namespace) -> int:
     return 1 if errors else 0  # every row is in the output either way; a failed row makes the run fail
 
 
+# ---- export ------------------------------------------------------------------------------------------------
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("notebook", help="an executed notebook (.ipynb) with its widget state: from sgnb run, "
+                                         "nbclient, or JupyterLab with the widget manager's saveState on")
+    parser.add_argument("-o", "--output", metavar="PATH",
+                        help="a page whose views need no network (.html; default: the notebook's path with .html), "
+                             "or a notebook (.ipynb, the same path too) whose views' static snapshots show the saved "
+                             "state, for GitHub and nbviewer")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import nbformat
+
+    from sgnb.notebook import saved_widget_state, write_notebook
+
+    path = Path(args.notebook)
+    out = Path(args.output) if args.output else path.with_suffix(".html")
+    if out.suffix.lower() not in (".ipynb", ".html", ".htm"):
+        raise SystemExit(f"sgnb export: error: -o takes a .html or .ipynb path, got {args.output!r}")
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sgnb export: error: cannot read {path}: {e}") from None
+    write_notebook(nb, out)
+    saved = "" if saved_widget_state(nb) else " (the notebook saved no widget state: any view shows its snapshot)"
+    print(f"sgnb export: wrote {out}{saved}", file=sys.stderr)
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("serve a model over HTTP (SGLang native API + OpenAI-compatible API)", _serve_arguments, _serve),
     "run": ("run a notebook headless (parameters, HTML export), or one of its programs over a JSONL dataset",
             _run_arguments, _run),
+    "export": ("an executed notebook as an HTML page whose views work offline (or as .ipynb with up-to-date static "
+               "snapshots of its views)", _export_arguments, _export),
 }
 
 

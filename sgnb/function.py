@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from sgnb.backends.base import Backend
 from sgnb.interpreter import StreamExecutor
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.state import ProgramState
+from sgnb.user_code import location, user_traceback
 
 _default_backend: Backend | None = None
 _default_lock = threading.Lock()
@@ -54,13 +56,6 @@ def _resolve_backend(backend: Backend | None) -> Backend:
     return backend
 
 
-# run()'s sampling defaults, by SGLang's names
-_RUN_DEFAULTS = dict(max_new_tokens=128, stop=None, stop_token_ids=None, stop_regex=None, temperature=1.0, top_p=1.0,
-                     top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False,
-                     return_logprob=None, logprob_start_len=None, top_logprobs_num=None,
-                     return_text_in_logprobs=None)
-
-
 class SglFunction:
     def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
                  bind_arguments: dict[str, Any] | None = None) -> None:
@@ -92,9 +87,10 @@ class SglFunction:
         return values
 
     @staticmethod
-    def _defaults(**sampling: Any) -> GenParams:
-        given = {k: v for k, v in sampling.items() if v is not None}
-        return GenParams.build(**given).merged(DEFAULT_PARAMS)
+    def _defaults(keywords: dict[str, Any]) -> GenParams:
+        """The program defaults from run()'s (run_batch()'s) arguments: their GenParams fields, by name (their
+        keyword defaults are DEFAULT_PARAMS' values; tests/lang/test_sampling_names.py checks that)."""
+        return GenParams.from_keywords(keywords).merged(DEFAULT_PARAMS)
 
     def run(self, *args: Any, max_new_tokens: int = 128, stop: Any = None, stop_token_ids: Any = None,
             stop_regex: Any = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
@@ -104,36 +100,56 @@ class SglFunction:
             stream: bool = False, backend: Backend | None = None, use_thread: bool = True,
             subscribers: list[Callable[[dict], None]] | None = None, **kwargs: Any) -> ProgramState:
         """Run the program; returns its state at once (gens run in the background; reading waits)."""
-        defaults = self._defaults(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs)
+        defaults = self._defaults(locals())
         arguments = self._bind_args(args, kwargs)
         return self._run(_resolve_backend(backend), arguments, defaults, stream, use_thread, subscribers or [])
+
+    def run_on(self, state: ProgramState, *args: Any, backend: Backend | None = None, stream: bool | None = None,
+               subscribers: list[Callable[[dict], None]] | None = None, sampling: dict[str, Any] | None = None,
+               **kwargs: Any) -> ProgramState:
+        """Run this program's body on an existing state, which goes on from where it is: a finished state (what
+        `run()` returned, a `%%sgl -o NAME` cell's) continues from its text, messages and variables, and its
+        requests hit the cache for that text (a state still running ends its run first: inside a program,
+        call `fn(s, ...)` instead). Returns `state` itself. `backend` (default: the state's),
+        `stream` and `sampling` (run()'s sampling defaults by their names, e.g. `{"temperature": 0}`, over the
+        state's) apply from here on; `subscribers` (views) see this run. Raises ProgramError at once when the
+        state cannot continue (its program failed or was interrupted)."""
+        arguments = self._bind_args(args, kwargs)
+        old = state.executor
+        defaults = GenParams.build(**sampling).merged(old.defaults) if sampling else None
+        exe = old.continuation(backend, defaults, stream, subscribers, name=self.__name__,
+                               arguments={k: repr(v)[:200] for k, v in arguments.items()})
+        state.executor = exe
+        return self._run_body(state, arguments)
 
     def _run(self, backend: Backend, arguments: dict[str, Any], defaults: GenParams, stream: bool,
              use_thread: bool, subscribers: list[Callable[[dict], None]]) -> ProgramState:
         exe = StreamExecutor(backend, defaults, stream=stream, use_thread=use_thread,
                              num_api_spec_tokens=self.num_api_spec_tokens)
+        exe.name = self.__name__
         exe.subscribers.extend(subscribers)
         exe.emit({"type": "program_begin", "name": self.__name__,
                   "arguments": {k: repr(v)[:200] for k, v in arguments.items()}})
-        state = ProgramState(exe)
+        return self._run_body(ProgramState(exe), arguments)
+
+    def _run_body(self, state: ProgramState, arguments: dict[str, Any]) -> ProgramState:
         try:
             state.ret_value = self.func(state, **arguments)
         except BaseException as e:  # a Python error in the body: the state records it, like a primitive's
+            exe = state.executor
             if exe.error_ is None:
                 exe.error_, exe.error_where = e, _body_location(e)
                 # views learn of it as of a primitive's failure (a cell that raised must not read "done")
-                interrupted = isinstance(e, KeyboardInterrupt)
+                interrupted = exe.aborted = isinstance(e, KeyboardInterrupt)
                 exe.emit({"type": "error", "where": exe.error_where, "interrupted": interrupted,
                           "message": "interrupted" if interrupted else f"{type(e).__name__}: {e}"})
-            if not isinstance(e, Exception):
+            if not isinstance(e, Exception):  # KeyboardInterrupt: the whole run stops, forks and copies too
+                for branch in (exe, *exe.descendants()):
+                    branch.abort()
                 exe.end()
+                e.program_state = state  # type: ignore[attr-defined] (the caller may keep the state)
                 raise
-        exe.end()
+        state.executor.end()  # the body may have continued the state (a new executor) if it ended early
         return state
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -158,16 +174,12 @@ class SglFunction:
                   subscribers: list[Callable[[dict], None]] | None = None) -> list[ProgramState]:
         """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
         (its state's error() tells). With frontend_hints, the program's constant prefix is traced and cached
-        first, so the batch shares it from the start."""
+        first, so the batch shares it from the start. In a notebook, with no subscribers given, a live table
+        of the programs (arguments, variables, status, progress) is displayed (instead of the progress bar)."""
         if not isinstance(batch_kwargs, list):
             raise TypeError("run_batch takes a list of argument dicts")
         backend = _resolve_backend(backend)
-        defaults = self._defaults(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs)
+        defaults = self._defaults(locals())
         all_args = [self._bind_args((), kw) for kw in batch_kwargs]
         if frontend_hints and len(all_args) > 1:
             prefix = self.constant_prefix(backend)
@@ -175,20 +187,23 @@ class SglFunction:
                 backend.cache_prefix(prefix)
         if num_threads == "auto":
             num_threads = max(1, min(len(all_args), 4 * (os.cpu_count() or 1), 64))
+        view = None if subscribers else _batch_view(self.__name__, all_args)
         bar = None
-        if progress_bar:
+        if progress_bar and view is None:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(all_args), desc=self.__name__)
 
         cancelled = threading.Event()
-        live: list[ProgramState] = []
+        live: dict[int, ProgramState] = {}  # by batch index, the programs that started
 
-        def one(arguments: dict[str, Any]) -> ProgramState | None:
+        def one(item: tuple[int, dict[str, Any]]) -> ProgramState | None:
+            index, arguments = item
             if cancelled.is_set():
                 return None
-            state = self._run(backend, arguments, defaults, False, True, list(subscribers or []))
-            live.append(state)
+            feed = [view.subscriber_for(index)] if view is not None else []
+            state = self._run(backend, arguments, defaults, False, True, [*(subscribers or []), *feed])
+            live[index] = state
             if cancelled.is_set():
                 state.abort()
             state.error()  # wait for it to finish (errors stay in the state)
@@ -198,16 +213,18 @@ class SglFunction:
 
         pool = ThreadPoolExecutor(int(num_threads))
         try:
-            states = list(pool.map(one, all_args))
+            states = list(pool.map(one, enumerate(all_args)))
         except BaseException:  # KeyboardInterrupt: abort every program and its in-flight request
             cancelled.set()
-            for state in list(live):
+            for state in list(live.values()):
                 state.abort()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         finally:
             if bar is not None:
                 bar.close()
+            if view is not None:  # the final values and statuses (an interrupted batch's rows too)
+                view.finish([live.get(i) for i in range(len(all_args))])
         pool.shutdown()
         return states  # type: ignore[return-value]
 
@@ -233,14 +250,39 @@ class TracedProgram:
     constant_prefix: str
 
 
-def _body_location(e: BaseException) -> str | None:
-    import traceback
+def _batch_view(name: str, all_args: list[dict[str, Any]]) -> Any:
+    """In a notebook (an IPython kernel with a frontend), display and return a live table of the batch's
+    programs (sgnb.widgets' BatchView); elsewhere, or without the widgets' packages, None. IPython is only
+    looked at when something imported it already: a script never pays for it."""
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
 
-    frames = traceback.extract_tb(e.__traceback__)
-    if frames:
-        f = frames[-1]
-        return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
-    return None
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None
+    try:
+        from sgnb.widgets._batch_view import BatchView
+    except ImportError:
+        return None
+    from IPython.display import display
+
+    view = BatchView(name, all_args)
+    display(view)
+    return view
+
+
+def _body_location(e: BaseException) -> str | None:
+    """The program line an error in the body came from: the innermost of the user's frames (an error raised
+    inside gen() is the gen() line's, not sgnb's)."""
+    tb = user_traceback(e.__traceback__)
+    if tb is None:
+        tb = e.__traceback__
+        if tb is None:
+            return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return location(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
 
 
 def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None) -> Any:

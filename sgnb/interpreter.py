@@ -21,11 +21,11 @@ import logging
 import queue
 import re
 import threading
-import traceback
+import types
 import uuid
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sgnb import ir
@@ -33,9 +33,15 @@ from sgnb.backends.base import Backend, GenContext
 from sgnb.chat_template import ChatTemplate
 from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
+from sgnb.user_code import (
+    _chain,
+    frame_at,
+    frame_kind,
+    render_traceback,
+    user_traceback,
+)
 
 log = logging.getLogger("sgnb")
-_SGNB_DIR = str(Path(__file__).resolve().parent)
 _ids = itertools.count()
 
 # typed gens are constrained by a regex (the grammar backend enforces it)
@@ -44,16 +50,51 @@ DTYPE_REGEX = {int: r"[-+]?[0-9]+", float: r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]
 
 
 class ProgramError(RuntimeError):
-    """A program failed; the message names the program line that submitted the failing primitive."""
+    """A program failed; the message names the program line that submitted the failing primitive.
+
+    `where` is that line ("file:line: statement") when known. Shown by IPython (a notebook), the traceback is
+    the user's part only: their frames down to the line that read the error, then the program line that failed
+    (sgnb's own frames and the chained original error are left out; `__cause__` still holds the original)."""
+
+    def __init__(self, message: str = "", where: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+        self.detail = detail  # the message without the line, for a traceback that shows the line
+        self.below: types.FrameType | None = None  # frames down to this one are not the user's (a magic's)
+
+    def _render_traceback_(self) -> list[str]:
+        tb = user_traceback(self.__traceback__, self.below)
+        cause = self.__cause__
+        origin = user_traceback(cause.__traceback__) if cause is not None else None
+        if origin is None and self.where:
+            origin = frame_at(self.where)
+        shown = self if origin is None or not self.detail else ProgramError(self.detail)
+        return render_traceback(shown, _chain(tb, origin))
 
 
-def user_location() -> str | None:
-    """The innermost stack frame outside sgnb: where the user wrote the primitive."""
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        if not frame.filename.startswith(_SGNB_DIR):
-            line = (frame.line or "").strip()
-            return f'{frame.filename}:{frame.lineno}: {line}' if line else f"{frame.filename}:{frame.lineno}"
-    return None
+def show_user_traceback(exc: BaseException, below: types.FrameType | None = None,
+                        tb: types.TracebackType | None = None) -> BaseException:
+    """Make IPython show `exc` with only the user's frames (`user_traceback`, computed when it is shown, over
+    `tb` or the traceback the exception then has). Chained exceptions are shown only when the user's own code
+    raised it. Returns `exc`. A ProgramError renders itself (with the program line that failed); it only
+    learns `below`."""
+    if isinstance(exc, ProgramError):
+        exc.below = below
+        return exc
+
+    def render() -> list[str]:
+        full = tb if tb is not None else exc.__traceback__
+        last = full
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        own = last is not None and frame_kind(last.tb_frame) == "user"
+        return render_traceback(exc, user_traceback(full, below), chain=own)
+
+    try:
+        exc._render_traceback_ = render  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # an exception type without instance attributes
+        pass
+    return exc
 
 
 def _names_set_by(node: ir.Node) -> list[str]:
@@ -74,6 +115,7 @@ class StreamExecutor:
                  use_thread: bool = True, num_api_spec_tokens: int | None = None,
                  chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None) -> None:
         self.id = f"p{next(_ids)}"
+        self.name = ""  # the program's name (views show it)
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
@@ -104,6 +146,9 @@ class StreamExecutor:
         self.chunks: list[tuple[str | None, str, dict | None]] = []  # (variable, text, the gen's meta so far)
         self.chunks_cond = threading.Condition()
         self.done = False
+        self.ended = False  # end() was called: no more nodes (a later append continues the state instead)
+        self.aborted = False
+        self.children: weakref.WeakSet[StreamExecutor] = weakref.WeakSet()  # forks and copies of this state
         self.use_thread = use_thread
         self.queue: queue.Queue = queue.Queue()
         if use_thread:
@@ -132,11 +177,57 @@ class StreamExecutor:
             self.wait(self.drained, "sync")
 
     def end(self) -> None:
-        """No more nodes: finish the stream (text_iter readers stop) once the queue drains."""
+        """No more nodes: finish the stream (text_iter readers stop) once the queue drains. The state's forks
+        and copies that were not joined end with it (their own appends still run first)."""
+        if self.ended:
+            return
+        self.ended = True
+        for child in list(self.children):
+            child.end()
         if self.use_thread:
             self.queue.put(None)
         else:
             self._close_stream()
+
+    def descendants(self) -> list[StreamExecutor]:
+        """This state's forks and copies, theirs, and so on."""
+        out: list[StreamExecutor] = []
+        for child in list(self.children):
+            out += [child, *child.descendants()]
+        return out
+
+    def continuation(self, backend: Backend | None = None, defaults: GenParams | None = None,
+                     stream: bool | None = None, subscribers: list[Callable[[dict[str, Any]], None]] | None = None,
+                     name: str | None = None, arguments: dict[str, str] | None = None) -> StreamExecutor:
+        """A new executor that goes on from this finished one: its text, messages, images, variables and open
+        role (a new run whose requests hit the cache for this text). Waits for this one to finish; raises
+        ProgramError, saying what to do instead, when it cannot continue (it failed or was interrupted)."""
+        if not self.ended:
+            self.end()
+        self.wait(self.drained, "sync")
+        if self.use_thread:
+            self.worker.join()
+        if self.error_ is not None:
+            what = "was interrupted" if self.aborted else f"failed ({_describe(self.error_, self.error_where)})"
+            raise ProgramError(f"this program state {what}, so it cannot continue: re-run the cell or program "
+                               "that made it, then continue that state")
+        nxt = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
+                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
+                             num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template)
+        nxt.name, nxt.parent_id = self.name if name is None else name, self.parent_id
+        nxt.text_, nxt.messages_, nxt.images_ = self.text_, list(self.messages_), list(self.images_)
+        nxt.variables, nxt.meta_info = dict(self.variables), dict(self.meta_info)
+        for k in nxt.variables:
+            nxt.var_events[k].set()
+        nxt.cur_role, nxt.cur_role_begin = self.cur_role, self.cur_role_begin
+        nxt.var_scopes, nxt.program_scratch = dict(self.var_scopes), self.program_scratch
+        nxt.fork_start, nxt.fork_media = self.fork_start, self.fork_media
+        if self.text_:  # text_iter() of the continued state reads its whole text
+            nxt.chunks.append((None, self.text_, None))
+        nxt.subscribers.extend(subscribers or [])
+        nxt.emit({"type": "program_begin", "name": nxt.name, "arguments": dict(arguments or {}),
+                  "continues": self.id, "text": self.text_})
+        return nxt
 
     def _work(self) -> None:
         while True:
@@ -166,6 +257,8 @@ class StreamExecutor:
         try:
             self._execute(node)
         except BaseException as e:  # includes backend errors; surfaces at s["v"] / sync()
+            if self.error_ is not None:  # aborted meanwhile: the failure of the aborted request is not news
+                return
             self.error_, self.error_where = e, self.where_ or node.where
             log.debug("program %s failed at %s", self.id, self.error_where, exc_info=True)
             self.emit({"type": "error", "message": f"{type(e).__name__}: {e}", "where": self.error_where})
@@ -225,7 +318,9 @@ class StreamExecutor:
             self._append(value, node.name, meta)
         if node.dtype is not None:
             value = _convert(value, node.dtype)
-        self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta)})
+        # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
+        self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta),
+                   "prompt_chars": len(ctx.text)})
         if node.name is not None:
             self.meta_info[node.name] = meta
             self._set_var(node.name, value)
@@ -341,16 +436,20 @@ class StreamExecutor:
             while not poll():
                 if self.error_ is not None and what != "sync":
                     return
-                if self.use_thread and not self.worker.is_alive():
+                if self.use_thread and not self.worker.is_alive() and not poll():
                     raise ProgramError(f"the program ended without setting {what!r}")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             self.abort()
-            raise
+            # shown (by IPython) as the user's line that waited, not sgnb's and threading's frames under it
+            raise show_user_traceback(KeyboardInterrupt("interrupted: the program and its request were "
+                                                        "aborted")).with_traceback(e.__traceback__) from None
 
     def abort(self) -> None:
         """Stop the program: nothing more runs, and the in-flight request (if any) is aborted."""
         if self.error_ is None:
-            self.error_ = ProgramError("the program was aborted")
+            self.aborted = True
+            self.error_ = ProgramError("the program was interrupted (aborted, with its request)")
+            self.error_where = self.where_
             self.emit({"type": "error", "message": "interrupted", "interrupted": True, "where": self.where_})
         for ev in list(self.var_events.values()):
             ev.set()
@@ -359,8 +458,8 @@ class StreamExecutor:
 
     def raise_error(self) -> None:
         if self.error_ is not None:
-            where = f" (at {self.error_where})" if self.error_where else ""
-            raise ProgramError(f"{type(self.error_).__name__}: {self.error_}{where}") from self.error_
+            raise ProgramError(_describe(self.error_, self.error_where), self.error_where,
+                               _describe(self.error_, None)) from self.error_
 
     def emit(self, event: dict[str, Any]) -> None:
         if not self.subscribers:
@@ -377,6 +476,7 @@ class StreamExecutor:
             self.done = True
             self.chunks_cond.notify_all()
         self.emit({"type": "end"})
+        self.subscribers = []  # the run is over: what comes after (a continuation, a copy) is not its view's
 
     # ---- fork --------------------------------------------------------------------------------------------
     def fork(self, n: int) -> list[StreamExecutor]:
@@ -394,6 +494,8 @@ class StreamExecutor:
             child = StreamExecutor(self.backend, self.defaults, stream=self.stream, use_thread=self.use_thread,
                                    num_api_spec_tokens=self.num_api_spec_tokens,
                                    chat_template=self.chat_template, parent=self)
+            child.name = self.name
+            self.children.add(child)
             child.text_, child.messages_, child.images_ = self.text_, list(self.messages_), list(self.images_)
             child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
             child.variables = dict(self.variables)
@@ -403,6 +505,12 @@ class StreamExecutor:
             children.append(child)
         self.emit({"type": "fork", "children": [c.id for c in children]})
         return children
+
+
+def _describe(error: BaseException, where: str | None) -> str:
+    """A program's failure in one line: the error (its type named unless it is a ProgramError) and the line."""
+    text = str(error) if isinstance(error, ProgramError) else f"{type(error).__name__}: {error}"
+    return f"{text} (at {where})" if where and where not in text else text
 
 
 def _convert(value: str, dtype: type) -> Any:
@@ -415,8 +523,11 @@ def _convert(value: str, dtype: type) -> Any:
 
 
 def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-            "decode_steps", "forced_tokens", "output_tokens")
+    """What a gen_end event carries for views: counts, timings (the engine's clock: ttft and e2e_latency both
+    from the request's arrival), the output tokens as (text, forced) pairs and, when the gen asked for
+    logprobs, their logprobs and top alternatives (the lists the backend returned, not copied)."""
+    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency", "ttft",
+            "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
     return {k: meta[k] for k in keys if k in meta}
 
 

@@ -98,10 +98,3 @@ class Sequence(Node):
     """Several nodes appended by one `+=` (e.g. `sgl.user("hi")` = begin, text, end)."""
 
     items: tuple[Node, ...]
-
-
-@dataclass(frozen=True)
-class Placeholder(Node):
-    """A traced program's argument whose value is unknown while tracing."""
-
-    name: str

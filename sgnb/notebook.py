@@ -6,6 +6,9 @@
   ...) as if they were builtins. Names the cell binds are written back to the user's namespace.
 - `execute_notebook` / `inject_parameters` / `write_notebook`: `sgnb run NB.ipynb -p k=v -o out.html` (nbclient,
   parameters as papermill injects them, HTML with the widget state through nbconvert).
+- `add_static_views` / `export_html`: a page that shows the views with no network (`OfflineHTMLExporter`: the
+  widget state drawn by a script inlined in the page, not by the CDN's widget manager) and a static HTML snapshot
+  in each view's output, for GitHub, nbviewer and VS Code (`sgnb.widgets._static`).
 - `load_notebook(path)`: a notebook's definitions as a module; `run_dataset` maps one program over JSON rows.
 
 The backend a headless run should use travels to the kernel in the environment variable `SGNB_BACKEND` (read
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import functools
 import json
 import linecache
 import os
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from sgnb.function import SglFunction
 
 BACKEND_ENV = "SGNB_BACKEND"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 CELL_FUNCTION = "__sgl_cell__"
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
@@ -236,25 +242,166 @@ def execute(nb: Any, cwd: str | Path, backend: str | None = None, timeout: float
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, extra_arguments=quiet,
                             resources={"metadata": {"path": str(cwd)}})
     client.execute(env=env)
+    add_static_views(nb)
     return nb
 
 
 def write_notebook(nb: Any, path: str | Path) -> Path:
-    """Write `nb` as .ipynb, or as standalone HTML (with the widget state) when `path` ends in .html."""
+    """Write `nb` as .ipynb, or as a standalone page that needs no network (`export_html`) when `path` ends in
+    .html. Either way each sgnb view's output gets its static snapshot from the saved widget state first
+    (`add_static_views`, which updates `nb`)."""
     import nbformat
 
     path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".html", ".htm", ".ipynb"):
+        raise ValueError(f"write a notebook as .ipynb or .html, not {path.name!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() in (".html", ".htm"):
-        from nbconvert import HTMLExporter
-
-        body, _ = HTMLExporter().from_notebook_node(nb)
-        path.write_text(body, encoding="utf-8")
-    elif path.suffix.lower() == ".ipynb":
+    add_static_views(nb)
+    if suffix == ".ipynb":
         nbformat.write(nb, str(path))
     else:
-        raise ValueError(f"write a notebook as .ipynb or .html, not {path.name!r}")
+        path.write_text(export_html(nb), encoding="utf-8")
     return path
+
+
+# ---- exports that need no network ---------------------------------------------------------------------------
+def saved_widget_state(nb: Any) -> dict[str, Any]:
+    """The notebook's saved widget models (model id -> {model_name, ..., state}), or {} if it saved none."""
+    return dict(nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {}))
+
+
+def add_static_views(nb: Any) -> int:
+    """Give each output that shows an sgnb view a `text/html` snapshot (`sgnb.widgets._static`) drawn from the
+    view's state saved in the notebook (`metadata.widgets`: what nbclient, or JupyterLab with saveState, stores
+    when the run ends), replacing the one the kernel made when the view was displayed, which is often from
+    before its program ran. Renderers without the widget (GitHub, nbviewer, VS Code) then show the final
+    picture. Updates `nb` in place; returns how many outputs got a snapshot."""
+    saved = saved_widget_state(nb)
+    if not saved:
+        return 0
+    from sgnb.widgets._static import snapshot_html
+
+    updated = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            model = saved.get(view.get("model_id")) if isinstance(view, dict) else None
+            snapshot = snapshot_html(model.get("state", {})) if isinstance(model, dict) else None
+            if snapshot is not None:
+                out["data"]["text/html"] = snapshot
+                updated += 1
+    return updated
+
+
+def export_html(nb: Any) -> str:
+    """`nb` as one HTML page (nbconvert's lab template) that shows every view with no network: see
+    `OfflineHTMLExporter`. `nb` itself is not changed."""
+    body, _ = _offline_exporter_class()().from_notebook_node(nb)
+    return body
+
+
+_OFFLINE_TEMPLATE = r"""{%- extends 'index.html.j2' -%}
+{#- nbconvert's lab page, but nothing loads from the network unless an output needs it -#}
+{%- block html_head_js_requirejs -%}
+{%- if resources.sgnb_offline.requirejs -%}{{ super() }}{%- endif -%}
+{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}
+{%- if resources.sgnb_offline.mathjax -%}{{ super() }}{%- endif -%}
+{%- endblock html_head_js_mathjax -%}
+{% block jupyter_widgets %}
+{%- if "widgets" in nb.metadata %}
+<script>
+{{ resources.sgnb_offline.script }}
+</script>
+{%- endif -%}
+{% endblock jupyter_widgets %}
+{%- block data_widget_view scoped %}
+<div class="jupyter-widgets jp-OutputArea-output {{ extra_class }}">
+{%- if 'text/html' in output.data %}
+<div class="sgnb-static-output">{{ output.data['text/html'] }}</div>
+{%- endif %}
+<script type="application/vnd.jupyter.widget-view+json">
+{{ output.data['application/vnd.jupyter.widget-view+json'] | json_dumps | escape_html_script }}
+</script>
+</div>
+{%- endblock data_widget_view -%}
+"""
+_REQUIRE = re.compile(r"\brequire(?:js)?\s*[.(]")
+_MATH = re.compile(r"\$|\\\(|\\\[|\\begin\{")
+
+
+def _page_needs(nb: Any) -> dict[str, bool]:
+    """Which of the lab page's CDN scripts an output or markdown cell of `nb` needs: require.js for JavaScript
+    outputs (and HTML that calls require), MathJax for math."""
+    requirejs = mathjax = False
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown" and _MATH.search(cell.get("source", "")):
+            mathjax = True
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            requirejs = requirejs or "application/javascript" in data or bool(_REQUIRE.search(
+                str(data.get("text/html", ""))) and WIDGET_VIEW not in data)
+            mathjax = mathjax or "text/latex" in data
+    return {"requirejs": requirejs, "mathjax": mathjax}
+
+
+def _offline_page_script() -> str:
+    from sgnb.widgets import esm_path
+
+    script = esm_path("offline_page.js").read_text(encoding="utf-8")
+    assert "</script" not in script.lower(), "offline_page.js cannot sit inside a <script> tag"
+    return script
+
+
+@functools.cache
+def _offline_exporter_class() -> type:
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+    from traitlets import default
+
+    class OfflineHTMLExporter(HTMLExporter):
+        """nbconvert's HTML (lab template) for a page that works with no network.
+
+        The views are drawn from the widget state saved in the notebook by a small script inlined in the page
+        (`sgnb/widgets/offline_page.js`), which imports each anywidget's ES module from the state itself,
+        instead of the CDN copies of require.js, @jupyter-widgets/html-manager and anywidget that nbconvert's
+        page loads (blank offline, and flaky online). Each view's output also carries its static snapshot
+        (`add_static_views`), shown until the script replaces it, or for good where scripts do not run.
+        require.js and MathJax still load from their CDN when an output or markdown cell needs them.
+
+        `jupyter nbconvert --to sgnb.notebook.OfflineHTMLExporter NB.ipynb` uses it from the command line.
+        """
+
+        export_from_notebook = "HTML (offline views)"
+
+        @default("template_file")
+        def _template_file_default(self) -> str:
+            return "sgnb_offline.html.j2"
+
+        @default("extra_loaders")
+        def _extra_loaders_default(self) -> list[Any]:
+            return [DictLoader({"sgnb_offline.html.j2": _OFFLINE_TEMPLATE})]
+
+        def from_notebook_node(self, nb: Any, resources: dict[str, Any] | None = None,
+                               **kw: Any) -> tuple[str, dict[str, Any]]:
+            import copy
+
+            nb = copy.deepcopy(nb)
+            add_static_views(nb)
+            resources = dict(resources or {})
+            resources["sgnb_offline"] = {"script": _offline_page_script(), **_page_needs(nb)}
+            return super().from_notebook_node(nb, resources, **kw)
+
+    OfflineHTMLExporter.__module__, OfflineHTMLExporter.__qualname__ = __name__, "OfflineHTMLExporter"
+    return OfflineHTMLExporter
+
+
+def __getattr__(name: str) -> Any:
+    # OfflineHTMLExporter subclasses nbconvert's exporter: built on first use, so importing this module stays cheap
+    if name == "OfflineHTMLExporter":
+        return _offline_exporter_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- importing a notebook ---------------------------------------------------------------------------------
@@ -380,6 +527,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-__all__ = ["BACKEND_ENV", "CellCode", "CellNamespace", "backend_from_spec", "cell_function", "compile_cell",
-           "execute", "execute_notebook", "inject_parameters", "load_notebook", "parse_parameter", "pinned_backend",
-           "prelude", "read_jsonl", "register_source", "run_dataset", "run_definitions", "write_notebook"]
+__all__ = ["BACKEND_ENV", "CellCode", "CellNamespace", "add_static_views", "backend_from_spec",
+           "cell_function", "compile_cell", "execute", "execute_notebook", "export_html", "inject_parameters",
+           "load_notebook", "parse_parameter", "pinned_backend", "prelude", "read_jsonl", "register_source",
+           "run_dataset", "run_definitions", "saved_widget_state", "write_notebook"]

@@ -9,9 +9,9 @@ from typing import Any
 
 from sgnb import ir
 from sgnb.engine.scoring import SCORING_METHODS
-from sgnb.interpreter import user_location
 from sgnb.media import DEFAULT_NUM_FRAMES, check_image, check_video
-from sgnb.sampling import GenParams
+from sgnb.sampling import GEN_NAMES, GenParams
+from sgnb.user_code import user_location
 
 _DTYPES = (int, float, str, bool)
 
@@ -27,6 +27,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         json_schema: Any = None, grammar: str | None = None, repetition_penalty: float | None = None) -> ir.Node:
     """Generate text into variable `name`. Unset parameters inherit the program's run() defaults.
     `choices=[...]` makes it a select; `dtype=int|float|str|bool` constrains and converts the value."""
+    keywords = dict(locals())  # gen()'s arguments: from_keywords reads GenParams' fields (as GEN_NAMES spells them)
     where = user_location()
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method or "token_length_normalized")
@@ -34,13 +35,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         raise ValueError(f"gen(dtype=...) takes one of int, float, str, bool; got {dtype!r}")
     if n not in (None, 1):
         raise ValueError("gen(n=...) > 1 is not supported inside a program: use s.fork(n) for parallel samples")
-    params = GenParams.build(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
-        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, repetition_penalty=repetition_penalty,
-        ignore_eos=ignore_eos, regex=regex, json_schema=json_schema, ebnf=grammar, return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs)
+    params = GenParams.from_keywords({**keywords, "n": None}, GEN_NAMES)  # n=1 is one sample: the default
     if dtype is not None and (params.regex or params.json_schema or params.ebnf):
         raise ValueError("gen(dtype=...) cannot be combined with regex / json_schema / grammar")
     return ir.Gen(name, params, dtype, where=where)
@@ -84,26 +79,38 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return ir.Select(name, tuple(choices), float(temperature), choices_method, where=where)
 
 
-def _role(role: str, content: Any) -> ir.Node:
-    from sgnb.state import as_node
+def as_node(value: Any) -> ir.Node:
+    """What `s += value` appends: a node as it is; a str (an int, a float) as text, at the user's line."""
+    if isinstance(value, ir.Node):
+        return value
+    if isinstance(value, str):
+        return ir.Text(value, where=user_location())
+    if isinstance(value, (int, float)):
+        return ir.Text(str(value), where=user_location())
+    raise TypeError(f"cannot append a {type(value).__name__} to a program: use a str or an sgnb primitive")
 
+
+def role(name: str, content: Any = None) -> ir.Node:
+    """A message of role `name` with `content` (a str or primitives; None: an empty message). The one place a
+    message is built: sgl.user(...), s.user(...) and a traced program's roles all come here (`with s.user():`
+    appends the begin and end nodes around the block instead)."""
     where = user_location()
-    items: tuple[ir.Node, ...] = (ir.RoleBegin(role),)
+    items: tuple[ir.Node, ...] = (ir.RoleBegin(name),)
     if content is not None:
         items += (as_node(content),)
-    return ir.Sequence(items + (ir.RoleEnd(role),), where=where)
+    return ir.Sequence(items + (ir.RoleEnd(name),), where=where)
 
 
 def system(content: Any = None) -> ir.Node:
-    return _role("system", content)
+    return role("system", content)
 
 
 def user(content: Any = None) -> ir.Node:
-    return _role("user", content)
+    return role("user", content)
 
 
 def assistant(content: Any = None) -> ir.Node:
-    return _role("assistant", content)
+    return role("assistant", content)
 
 
 def system_begin() -> ir.Node:

@@ -1,5 +1,12 @@
 """GenParams: what a `gen` asks for, in the engine's parameter names, with None meaning "inherit the program
-default". Validation goes through the engine's SamplingParams, the one definition of sampling values."""
+default". Validation goes through the engine's SamplingParams, the one definition of sampling values: their
+names, types, defaults and valid ranges.
+
+The frontends spell a few of those names their own way; each spelling is written once, here, and the call sites
+(gen(), run()/run_batch(), the server's OpenAI routes, the OpenAI and Anthropic backends) derive theirs from it.
+gen()'s and run()'s keyword signatures stay written out for editors and `help()`; tests/lang/test_sampling_names.py
+fails when one drifts from GenParams, SamplingParams or these tables.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,30 @@ from typing import Any
 
 from sgnb.engine.sampling_params import SamplingParams
 
-# fields of gen() that are not sampling values: how the result is reported
-_REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+# fields of gen() that are not sampling values: how the result is reported (SGLang's /generate fields beside
+# sampling_params)
+REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+# the engine's default for each sampling value: what "not sent" means on every backend
+SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+# gen()'s keywords where SGLang's frontend names a field differently (gen(max_tokens=...) sets max_new_tokens)
+GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "ebnf": "grammar"}
+
+# the OpenAI API's names where they differ (what `sgnb serve`'s /v1 routes read, what the OpenAI backend sends)
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+# the sampling values OpenAI's own API defines; the others are SGLang's extensions to it, which OpenAI-compatible
+# servers (sgnb serve, SGLang, vLLM) take and OpenAI does not
+OPENAI_STANDARD = ("max_new_tokens", "n", "stop", "temperature", "top_p", "frequency_penalty", "presence_penalty",
+                   "seed")
 
 
 @dataclass(frozen=True)
 class GenParams:
+    """SamplingParams' per-request fields, each optional (None: the program's default), and REPORTING's.
+    Written out (not generated) so that type checkers know them; the tests check them against SamplingParams.
+    Copy with dataclasses.replace or merged()."""
+
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
     n: int | None = None
@@ -70,7 +95,14 @@ class GenParams:
 
     def sampling_dict(self) -> dict[str, Any]:
         """Engine sampling_params (SGLang names) of the values that are set."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k not in _REPORTING}
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k not in REPORTING}
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any], names: dict[str, str] | None = None) -> GenParams:
+        """build() from a call's keyword arguments (gen()'s, run()'s: pass `dict(locals())`): each field from
+        the keyword `names` gives it (default: the field's own name); other keywords are not looked at."""
+        names = names or {}
+        return cls.build(**{f.name: keywords.get(names.get(f.name, f.name)) for f in dataclasses.fields(cls)})
 
 
 def _schema_to_str(schema: Any) -> str:
@@ -83,4 +115,9 @@ def _schema_to_str(schema: Any) -> str:
     raise TypeError(f"json_schema must be a JSON string, a dict or a pydantic model class, got {type(schema).__name__}")
 
 
-DEFAULT_PARAMS = GenParams(max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
+# a program's defaults: run()'s and run_batch()'s keyword defaults (SGLang's), which a gen's values override
+DEFAULT_PARAMS = GenParams(max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0,
+                           presence_penalty=0.0, ignore_eos=False)
+
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams) if f.name not in REPORTING)
+"""GenParams' sampling values: the SamplingParams fields a gen can set (tests check that they are)."""

@@ -8,42 +8,46 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from sgnb import ir
-from sgnb.interpreter import ProgramError, StreamExecutor, user_location
-
-
-def as_node(value: Any) -> ir.Node:
-    if isinstance(value, ir.Node):
-        return value
-    if isinstance(value, str):
-        return ir.Text(value, where=user_location())
-    if isinstance(value, (int, float)):
-        return ir.Text(str(value), where=user_location())
-    raise TypeError(f"cannot append a {type(value).__name__} to a program: use a str or an sgnb primitive")
+from sgnb.interpreter import ProgramError, StreamExecutor
+from sgnb.primitives import as_node, role
+from sgnb.user_code import user_location
 
 
 class ProgramState:
-    """The state of one running program. `s += x` appends; `s["v"]` blocks until variable v is set."""
+    """The state of one running program. `s += x` appends; `s["v"]` blocks until variable v is set.
+
+    A finished state (what `run()` returns once its body is done, a `%%sgl -o NAME` cell's state) continues:
+    appending to it starts a new run from its text, messages and variables (on the same backend, whose cache
+    holds that text), so a chat goes on across cells: `chat += user("..."); chat += assistant(gen("a2"))`.
+    A state whose program failed or was interrupted cannot continue: the append raises, saying so."""
 
     def __init__(self, executor: StreamExecutor) -> None:
         self.executor = executor
         self.ret_value: Any = None
 
+    def _live(self) -> StreamExecutor:
+        """The executor appends go to: this state's, or, once its run has ended, a continuation of it."""
+        if self.executor.ended:
+            self.executor = self.executor.continuation()
+        return self.executor
+
     # ---- building ---------------------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> ProgramState:
-        self.executor.submit(as_node(other))
+        node = as_node(other)
+        self._live().submit(node)
         return self
 
-    def _role(self, role: str, content: Any = None) -> Any:
+    def _role(self, name: str, content: Any = None) -> Any:
         if content is None:
-            return self._role_scope(role)
-        self += ir.Sequence((ir.RoleBegin(role), as_node(content), ir.RoleEnd(role)), where=user_location())
+            return self._role_scope(name)
+        self += role(name, content)
         return None
 
     @contextlib.contextmanager
-    def _role_scope(self, role: str) -> Iterator[None]:
-        self.executor.submit(ir.RoleBegin(role, where=user_location()))
+    def _role_scope(self, name: str) -> Iterator[None]:
+        self._live().submit(ir.RoleBegin(name, where=user_location()))
         yield
-        self.executor.submit(ir.RoleEnd(role, where=user_location()))
+        self._live().submit(ir.RoleEnd(name, where=user_location()))
 
     def system(self, content: Any = None) -> Any:
         """`s.system("...")` appends a system message; `with s.system(): ...` wraps appends in one."""
@@ -58,9 +62,9 @@ class ProgramState:
     @contextlib.contextmanager
     def var_scope(self, name: str) -> Iterator[None]:
         """Everything appended inside becomes variable `name` too."""
-        self.executor.submit(ir.VarScopeBegin(name, where=user_location()))
+        self._live().submit(ir.VarScopeBegin(name, where=user_location()))
         yield
-        self.executor.submit(ir.VarScopeEnd(name, where=user_location()))
+        self._live().submit(ir.VarScopeEnd(name, where=user_location()))
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
         """Branch into `size` states sharing this prefix (cached once in the engine). Waits for pending work."""

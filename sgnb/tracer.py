@@ -1,89 +1,101 @@
 """Tracing: run a program body with placeholders instead of values, recording its IR without a model.
 
-Arguments become placeholder strings and generated variables read back as placeholders, so string
-formatting works; the constant prefix is the rendered text before the first placeholder or generation.
+The body gets a TracingState: a ProgramState (so roles, var_scope and nested programs behave as in a run) over
+a recording executor. Arguments become placeholder strings and variables read back as placeholders, so string
+formatting works. The constant prefix is the text the interpreter itself renders for the nodes before the first
+placeholder or generation (role prefixes and the default system prompt included: one implementation of those).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 from sgnb import ir
 from sgnb.backends.base import Backend
 from sgnb.chat_template import PLAIN, ChatTemplate
+from sgnb.interpreter import StreamExecutor
+from sgnb.state import ProgramState
 
-_MARK = "\x00sgnb-placeholder:{}\x00"
+_MARK = "\x00sgnb-placeholder:"
 
 
 class Placeholder(str):
     """A value unknown while tracing; it renders as a marker that stops the constant prefix."""
 
     def __new__(cls, name: str) -> Placeholder:
-        return super().__new__(cls, _MARK.format(name))
+        return super().__new__(cls, f"{_MARK}{name}\x00")
 
 
-class TracingState:
-    def __init__(self, template: ChatTemplate) -> None:
+class _StopTrace(Exception):
+    """What follows depends on values only a run knows: the trace (and the prefix) ends here."""
+
+
+class _Recorder(StreamExecutor):
+    """A program's executor while tracing. It calls no model: it records every node, and runs the leading
+    text and role nodes through the interpreter's own handlers (so `text_` is exactly what a run renders) up
+    to the first node or placeholder it cannot know."""
+
+    def __init__(self, backend: Backend | None, template: ChatTemplate) -> None:
+        super().__init__(backend or Backend(), use_thread=False, chat_template=template)
         self.nodes: list[ir.Node] = []
-        self.template = template
-        self.ret_value: Any = None
+        self.constant = True  # still inside the constant prefix
 
-    def __iadd__(self, other: Any) -> TracingState:
-        from sgnb.state import as_node
+    def submit(self, node: ir.Node) -> None:
+        self.nodes.append(node)
+        for item in _flatten([node]):
+            if not self.constant:
+                return
+            if isinstance(item, ir.Text) and _MARK in item.text:
+                self._append(item.text[:item.text.index(_MARK)])
+                self.constant = False
+            elif isinstance(item, (ir.Text, ir.RoleBegin, ir.RoleEnd)):
+                try:
+                    self._execute(item)
+                except ValueError:  # a misplaced role: the run fails there, so the prefix ends there
+                    self.constant = False
+            else:
+                self.constant = False
 
-        self.nodes.append(as_node(other))
-        return self
-
-    def __getitem__(self, name: str) -> Placeholder:
+    def get_var(self, name: str, timeout: float | None = None) -> Placeholder:
         return Placeholder(name)
 
-    def get_var(self, name: str) -> Placeholder:
-        return Placeholder(name)
-
-    def __setitem__(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: Any) -> None:
         pass
+
+    def fork(self, n: int) -> list[StreamExecutor]:
+        raise _StopTrace  # what follows a fork depends on the branches
+
+
+class TracingState(ProgramState):
+    """The `s` a traced body gets. Reading what only a run knows (the text, messages, metadata, a fork's
+    branches) ends the trace; a variable reads back as its placeholder."""
+
+    executor: _Recorder
+
+    def __init__(self, backend: Backend | None, template: ChatTemplate) -> None:
+        super().__init__(_Recorder(backend, template))
 
     def __contains__(self, name: str) -> bool:
         return True
 
-    def _role(self, role: str, content: Any = None) -> Any:
-        import contextlib
-
-        from sgnb.state import as_node
-
-        if content is not None:
-            self.nodes += [ir.RoleBegin(role), as_node(content), ir.RoleEnd(role)]
-            return None
-
-        @contextlib.contextmanager
-        def scope():
-            self.nodes.append(ir.RoleBegin(role))
-            yield
-            self.nodes.append(ir.RoleEnd(role))
-
-        return scope()
-
-    def system(self, content: Any = None) -> Any:
-        return self._role("system", content)
-
-    def user(self, content: Any = None) -> Any:
-        return self._role("user", content)
-
-    def assistant(self, content: Any = None) -> Any:
-        return self._role("assistant", content)
-
-    def fork(self, size: int = 1, position_ids_offset: Any = None) -> Any:
-        raise _StopTrace  # what follows a fork depends on the branches: the prefix ends here
-
-    def sync(self) -> TracingState:
-        return self
-
-    def text(self) -> str:
+    def text(self) -> NoReturn:
         raise _StopTrace
 
+    def messages(self) -> NoReturn:
+        raise _StopTrace
 
-class _StopTrace(Exception):
-    pass
+    def variables(self) -> NoReturn:
+        raise _StopTrace
+
+    def get_meta_info(self, name: str) -> NoReturn:
+        raise _StopTrace
+
+    def text_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+        raise _StopTrace
+
+    def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Any:
+        raise _StopTrace
 
 
 def _flatten(nodes: list[ir.Node]) -> list[ir.Node]:
@@ -93,38 +105,15 @@ def _flatten(nodes: list[ir.Node]) -> list[ir.Node]:
     return out
 
 
-def constant_prefix(nodes: list[ir.Node], template: ChatTemplate) -> str:
-    text, open_role = "", False
-    for node in _flatten(nodes):
-        if isinstance(node, ir.Text):
-            cut = node.text.find("\x00sgnb-placeholder:")
-            if cut >= 0:
-                return text + node.text[:cut]
-            text += node.text
-        elif isinstance(node, ir.RoleBegin):
-            if node.role == "user" and template.default_system_prompt and not text.strip():
-                p, s = template.prefix_and_suffix("system")
-                text += p + template.default_system_prompt + s
-            text += template.prefix_and_suffix(node.role)[0]
-            open_role = True
-        elif isinstance(node, ir.RoleEnd):
-            text += template.prefix_and_suffix(node.role)[1]
-            open_role = False
-        else:
-            break
-    del open_role
-    return text
-
-
 def trace_program(function: Any, backend: Backend | None, kwargs: dict[str, Any]) -> Any:
     from sgnb.function import TracedProgram
 
     template = backend.get_chat_template() if backend is not None else PLAIN
-    state = TracingState(template)
+    state = TracingState(backend, template)
     arguments = {name: kwargs.get(name, Placeholder(name)) for name in function.arg_names}
     arguments.update(function.bind_arguments)
     try:
         state.ret_value = function.func(state, **arguments)
     except _StopTrace:
         pass
-    return TracedProgram(function.__name__, state.nodes, constant_prefix(state.nodes, template))
+    return TracedProgram(function.__name__, state.executor.nodes, state.executor.text_)

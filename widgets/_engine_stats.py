@@ -8,15 +8,14 @@ changed, so an idle engine costs no messages. The drawing and the field list are
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Any
 
 import anywidget
 import traitlets
 
 from sgnb.widgets._esm import bundle
-from sgnb.widgets._series import SERIES  # noqa: F401 (SERIES re-exported)
-from sgnb.widgets._series import stats_point as _point
+from sgnb.widgets._series import SERIES, StatsHistory  # noqa: F401 (SERIES re-exported)
+from sgnb.widgets._series import stats_point as _point  # noqa: F401 (the tests read it here)
 from sgnb.widgets._ticker import Ticker
 
 
@@ -39,8 +38,7 @@ class EngineStats(anywidget.AnyWidget):
         self.polls = 0
         self.flushes = 0
         self._lock = threading.Lock()
-        self._prev: dict[str, Any] | None = None
-        self._series: dict[str, deque[float]] = {k: deque(maxlen=points) for k in SERIES}
+        self._history = StatsHistory(points)
         self._ticker = Ticker(self.poll, max(interval, 0.25), "sgnb-engine-stats")  # <= 4 Hz
         self.poll()
         self._ticker.start()
@@ -50,14 +48,9 @@ class EngineStats(anywidget.AnyWidget):
         with self._lock:
             stats = self.engine.get_stats()
             self.polls += 1
-            if stats == self._prev:
+            if not self._history.add(stats):
                 return False
-            last_hit = self._series["hit_rate"][-1] if self._series["hit_rate"] else 0.0
-            point = _point(self._prev, stats, last_hit)
-            for k, v in point.items():
-                self._series[k].append(round(v, 4))
-            self._prev = stats
-            history = {k: list(v) for k, v in self._series.items()}
+            history = self._history.lists()
             with self.hold_sync():
                 self.stats = dict(stats)
                 self.history = history
@@ -81,3 +74,10 @@ class EngineStats(anywidget.AnyWidget):
         return (f"<EngineStats hit rate {s.get('cache_hit_rate', 0.0):.0%}, "
                 f"{s.get('gen_tokens_per_s', 0.0):.1f} tok/s, KV {s.get('kv_used', 0)}/{s.get('kv_total', 0)}, "
                 f"{s.get('waiting', 0)} waiting, {s.get('running', 0)} running>")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
+        """The widget view, a short text/plain and a static text/html snapshot (what a renderer without the
+        widget shows: GitHub, nbviewer, an exported page; see `_static.py`)."""
+        from sgnb.widgets._static import with_snapshot
+
+        return with_snapshot(self, super()._repr_mimebundle_(**kwargs))

@@ -1,9 +1,15 @@
 """ProgramView: an LM program as it runs, fed by the interpreter's program events.
 
-`view.on_event` (also `view.subscriber`) is called from executor threads: it only appends to a buffer. A Ticker
-thread folds the buffer into per-program segment lists and syncs them to the frontend at <= 20 Hz, one
-`hold_sync` message per flush. Everything the frontend shows lives in synced traits, so a saved notebook shows
-the finished program with no kernel. The trait layout is documented in `program_view.js`.
+`view.on_event` (also `view.subscriber`) is called from executor threads: it only appends to a buffer (with the
+time it arrived: the wall-clock timings are the events' own, not the later flush's). A Ticker thread folds the
+buffer into per-program segment lists and syncs them to the frontend at <= 20 Hz, one `hold_sync` message per
+flush. Everything the frontend shows lives in synced traits, so a saved notebook shows the finished program with
+no kernel. The trait layout is documented in `program_view.js`.
+
+Timings: a gen's TTFT and latency are the engine's (`meta_info["ttft"]`, `["e2e_latency"]`: one clock, both from
+the request's arrival at the engine), so TTFT <= latency; `elapsed` is the wall time from gen() to its result in
+the program (it includes tokenizing, queueing and compiling a grammar). A backend that reports no TTFT gets the
+wall time to the first streamed chunk, and none when the gen was not streamed (its first text is its result).
 """
 
 from __future__ import annotations
@@ -28,15 +34,17 @@ Event = dict[str, Any]
 
 # text that is a chat template's role marker rather than the user's words (shown muted)
 _TEMPLATE_MARK = re.compile(r"<\|[^|>]{1,40}\|>|<s>|</s>|\[/?INST\]|<<SYS>>")
-_META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
+_META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency", "ttft",
               "decode_steps", "forced_tokens")
-MAX_TOKENS_SHOWN = 2000  # per gen; the token list is only kept for constrained / jump-forward gens
+MAX_TOKENS_SHOWN = 2000  # per gen
+MAX_ALTERNATIVES = 5  # top-k alternatives kept per token
+MAX_PRIOR_CHARS = 4000  # of a continued state's earlier text, shown (collapsed) in a view that did not see it
 
 
 class _Program:
     """One executor's trace: the segments of its text in order (see program_view.js for their fields)."""
 
-    def __init__(self, pid: str, parent: str | None) -> None:
+    def __init__(self, pid: str, parent: str | None, now: float) -> None:
         self.id, self.parent = pid, parent
         self.name = ""
         self.arguments: dict[str, str] = {}
@@ -46,9 +54,27 @@ class _Program:
         self.children: list[str] = []
         self.open_gen: dict[str, Any] | None = None
         self.open_gen_t = 0.0
+        self.first_chunk_t: float | None = None
         self.error: dict[str, Any] | None = None
-        self.t_begin = time.time()
+        self.t_begin = now
         self.t_end: float | None = None
+        # where the cached part of each gen's prompt ends, in characters (not synced): the program's text
+        # length so far (a branch starts at its parent's length at the fork), its pieces (start, end, estimated
+        # tokens), the text segments no gen has read yet with their start, and (characters, tokens) points
+        # known from earlier gens' counts
+        self.chars = 0
+        self.pieces: list[tuple[int, int, int]] = []
+        self.unread: list[tuple[dict[str, Any], int]] = []
+        self.fork_at: dict[str, int] = {}
+        self.anchors: list[tuple[int, int]] = [(0, 0)]
+
+    def advance(self, text: str, tokens: int | None = None) -> int:
+        """The program's text grew by `text`: returns where it starts."""
+        start = self.chars
+        self.chars += len(text)
+        if text:
+            self.pieces.append((start, self.chars, estimate_tokens(text) if tokens is None else tokens))
+        return start
 
     def to_json(self) -> dict[str, Any]:
         # fresh dicts: traitlets compares the new value with the last one sent, so nothing may be shared mutably
@@ -70,6 +96,113 @@ def softmax(logprobs: list[float | None] | None) -> list[float | None]:
     exps = [math.exp(v - top) if v is not None else 0.0 for v in vals]
     total = sum(exps)
     return [round(e / total, 4) if v is not None else None for e, v in zip(exps, vals)]
+
+
+def _finite(x: Any) -> float | None:
+    return round(float(x), 4) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _piece(entry: Any) -> str:
+    """The text of a logprob entry (logprob, id, text | None): its id when the backend sent no text."""
+    if len(entry) > 2 and entry[2] is not None:
+        return str(entry[2])
+    return f"#{entry[1]}" if len(entry) > 1 else "?"
+
+
+def align_tokens(text: str, pieces: list[str]) -> list[str] | None:
+    """Each token's part of `text`, so that the parts concatenate to it: tokens past the text's end (a stop
+    string, EOS) are dropped; a run of tokens holding one character's UTF-8 bytes (each reads U+FFFD) gives the
+    character to the first and "" to the rest. None when the tokens do not read as the text."""
+    out: list[str] = []
+    pos, in_char = 0, False
+    for t in pieces:
+        if pos >= len(text) and not (in_char and t.startswith("\ufffd")):
+            break
+        if in_char and t and "\ufffd" not in t:  # after bytes of characters: they end where this token reads
+            j = text.find(t, pos, pos + 4 + len(t))
+            if j > pos:
+                out[-1] += text[pos:j]
+                pos = j
+        if t and text.startswith(t, pos):
+            out.append(t)
+            pos, in_char = pos + len(t), False
+            continue
+        k = t.find("\ufffd")
+        if k < 0 or not text.startswith(t[:k], pos):
+            return None
+        if in_char and k == 0:  # more bytes of the character the previous token began
+            out.append("")
+            continue
+        out.append(text[pos:pos + k + 1])
+        pos, in_char = pos + k + 1, True
+    if in_char and 0 < len(text) - pos <= 4:
+        out[-1] += text[pos:]
+        pos = len(text)
+    return out if pos == len(text) else None
+
+
+def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
+    """A gen's tokens for the view: [text, forced, logprob | None, [[alternative, logprob], ...] | None] each,
+    from the backend's (text, forced) pairs and, when logprobs were asked for, its logprob lists (the texts
+    of tokens the backend did not name read "#id"). None when the backend reported no tokens or they do not
+    read as the text."""
+    pairs = list(meta.get("output_tokens") or [])
+    lps = list(meta.get("output_token_logprobs") or [])  # (logprob, id, text | None) per token
+    tops = list(meta.get("output_top_logprobs") or [])  # a list of those (or None) per token
+    if not pairs and lps:
+        pairs = [(_piece(e), False) for e in lps]
+    if not pairs:
+        return None
+    parts = align_tokens(text, [str(t) for t, _ in pairs])
+    if parts is None:
+        return None
+    out: list[list[Any]] = []
+    for i, part in enumerate(parts[:MAX_TOKENS_SHOWN]):
+        lp = _finite(lps[i][0]) if i < len(lps) and lps[i] else None
+        top = tops[i] if i < len(tops) else None
+        alts = [[_piece(a), _finite(a[0])] for a in top[:MAX_ALTERNATIVES]] if top else None
+        out.append([part, bool(pairs[i][1]), lp, alts])
+    return out
+
+
+# a rough BPE: a word with its leading space, a digit, a run of spaces, any other character; a
+# chat-template marker is one token
+_TOKENISH = re.compile(_TEMPLATE_MARK.pattern + r"| ?[A-Za-z]{1,10}|\d|\s+|[^\sA-Za-z\d]")
+
+
+def estimate_tokens(text: str) -> int:
+    """About how many tokens `text` is (the known counts around it scale the estimates)."""
+    return len(_TOKENISH.findall(text))
+
+
+def cached_chars(pieces: list[tuple[int, int, int]], anchors: list[tuple[int, int]], prompt_chars: int,
+                 prompt_tokens: int, cached_tokens: int) -> tuple[int, bool]:
+    """Where the cached part of a prompt ends, in characters, from its token counts: exact at a known point
+    (the start, an earlier gen's prompt or end), else between the known points around it, spreading their
+    tokens over the text between them by its estimated tokens (`pieces`: (start, end, estimate)). Returns
+    (characters, exact)."""
+    points = sorted({*(a for a in anchors if a[0] <= prompt_chars and a[1] <= prompt_tokens),
+                     (prompt_chars, prompt_tokens)})
+    cached_tokens = max(0, min(cached_tokens, prompt_tokens))
+    for chars, tokens in points:
+        if tokens == cached_tokens:
+            return chars, True
+    below = max((a for a in points if a[1] < cached_tokens), key=lambda a: a[1], default=(0, 0))
+    above = min((a for a in points if a[1] > cached_tokens), key=lambda a: a[1], default=below)
+    if above[1] == below[1] or above[0] <= below[0]:
+        return below[0], False
+    between = [(max(a, below[0]), min(b, above[0]), n * (min(b, above[0]) - max(a, below[0])) / (b - a))
+               for a, b, n in pieces if a < above[0] and b > below[0] and b > a]
+    total = sum(n for _, _, n in between)
+    if not between or total <= 0:  # no text known there: by characters
+        frac = (cached_tokens - below[1]) / (above[1] - below[1])
+        return round(below[0] + frac * (above[0] - below[0])), False
+    need = (cached_tokens - below[1]) * total / (above[1] - below[1])  # in estimated tokens
+    for a, b, n in between:
+        if need <= n:
+            return round(a + (b - a) * need / n) if n else a, False
+        need -= n
+    return above[0], False
 
 
 class _hybridmethod:
@@ -95,9 +228,10 @@ def _display(widget: Any) -> None:
 
 
 class ProgramView(anywidget.AnyWidget):
-    """Shows LM programs as they run: the prompt as it grows, generated spans per variable, forks side by side,
-    select probabilities, constrained spans with forced (jump-forward) vs sampled tokens, images, per-gen
-    cached tokens and timings.
+    """Shows LM programs as they run: the prompt as it grows (the part the cache served shaded), generated spans
+    per variable with their tokens (forced by a grammar or sampled; probability and top alternatives on hover
+    when the gen asked for logprobs), forks side by side or under tabs, select probabilities, images, and one
+    table of each program's gens: tokens, cache hits, timings.
 
     Feed it events: `fn.run(..., subscribers=[view.subscriber])`, or `view.run(fn, ...)` / `ProgramView.run(fn,
     ...)`. `on_event` is thread-safe and cheap; traits update at most `1 / interval` times a second, or at once
@@ -114,8 +248,10 @@ class ProgramView(anywidget.AnyWidget):
         super().__init__(title=title, **kwargs)
         self._lock = threading.Lock()  # guards _pending (appended from executor threads)
         self._flush_lock = threading.RLock()  # one flush at a time; guards the program model below
-        self._pending: list[Event] = []
+        self._pending: list[tuple[float, Event]] = []  # (arrival time, event)
         self._programs: dict[str, _Program] = {}
+        self._alias: dict[str, str] = {}  # a continuation's program id -> the program it continues here
+        self._now = time.time()  # the arrival time of the event being applied
         self.events_seen = 0
         self.flushes = 0  # flushes that sent something (each is one comm message)
         self._ticker = Ticker(self.flush, max(interval, 0.05), "sgnb-program-view", idle_stop=2.0)
@@ -123,8 +259,9 @@ class ProgramView(anywidget.AnyWidget):
     # ---- feeding -----------------------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
         """Take one program event (any thread). Only appends; the timer thread does the rest."""
+        now = time.time()
         with self._lock:
-            self._pending.append(event)
+            self._pending.append((now, event))
         self._ticker.start()
 
     @property
@@ -164,6 +301,7 @@ class ProgramView(anywidget.AnyWidget):
             with self._lock:
                 self._pending.clear()
             self._programs.clear()
+            self._alias.clear()
             self._send_model()
 
     # ---- folding events into the model -------------------------------------------------------------------
@@ -174,7 +312,7 @@ class ProgramView(anywidget.AnyWidget):
                 events, self._pending = self._pending, []
             if not events:
                 return False
-            for event in events:
+            for self._now, event in events:
                 self._apply(event)
             self.events_seen += len(events)
             self._send_model()
@@ -200,15 +338,23 @@ class ProgramView(anywidget.AnyWidget):
 
     def _program(self, event: Event) -> _Program:
         pid = event.get("program") or "?"
+        pid = self._alias.get(pid, pid)
         prog = self._programs.get(pid)
         if prog is None:
-            prog = self._programs[pid] = _Program(pid, event.get("parent"))
+            prog = self._programs[pid] = _Program(pid, event.get("parent"), self._now)
             parent = self._programs.get(prog.parent) if prog.parent else None
-            if parent is not None and pid not in parent.children:
-                parent.children.append(pid)
+            if parent is not None:
+                if pid not in parent.children:
+                    parent.children.append(pid)
+                prog.chars = parent.fork_at.get(pid, parent.chars)
+                prog.anchors = [a for a in parent.anchors if a[0] <= prog.chars]
+                prog.pieces = [x for x in parent.pieces if x[1] <= prog.chars]
         return prog
 
     def _apply(self, event: Event) -> None:
+        if event.get("type") == "program_begin" and event.get("continues"):
+            self._continuation(event)
+            return
         handler = _HANDLERS.get(event.get("type", ""))
         if handler is not None:
             handler(self, self._program(event), event)
@@ -216,27 +362,47 @@ class ProgramView(anywidget.AnyWidget):
     def _program_begin(self, p: _Program, e: Event) -> None:
         p.name, p.arguments = e.get("name", ""), dict(e.get("arguments") or {})
 
+    def _continuation(self, e: Event) -> None:
+        """A finished state goes on (a new run from its text). A view that showed its earlier run shows it
+        growing in place; another view (a later cell's) starts with the earlier text, collapsed."""
+        old = self._alias.get(str(e["continues"]), str(e["continues"]))
+        prog = self._programs.get(old)
+        if prog is not None:
+            self._alias[str(e.get("program"))] = old
+            prog.status, prog.error, prog.t_end = "running", None, None
+            return
+        prog = self._program(e)
+        self._program_begin(prog, e)
+        text = str(e.get("text") or "")
+        prog.advance(text)
+        if text:
+            shown = text if len(text) <= MAX_PRIOR_CHARS else "..." + text[-MAX_PRIOR_CHARS:]
+            prog.segments.append({"k": "prior", "text": shown, "chars": len(text), "from": old})
+
     def _text(self, p: _Program, e: Event) -> None:
         text, var = e.get("text", ""), e.get("var")
+        start = p.advance(text)
         gen = p.open_gen
         if gen is not None:  # a gen's chunk (one per token run when streaming, one in all otherwise)
             if not gen["text"]:
-                gen["ttft"] = round(time.time() - p.open_gen_t, 4)
+                p.first_chunk_t = self._now
             gen["text"] += text
             gen["chunks"] += 1
             return
         if var is not None:  # a select's choice arrives as text first, then the select event
             p.segments.append({"k": "select", "var": var, "text": text, "choices": []})
             return
-        p.segments.append({"k": "text", "text": text, "tmpl": bool(_TEMPLATE_MARK.search(text))})
+        seg = {"k": "text", "text": text, "tmpl": bool(_TEMPLATE_MARK.search(text))}
+        p.segments.append(seg)
+        p.unread.append((seg, start))
 
     def _gen_begin(self, p: _Program, e: Event) -> None:
         constraint = e.get("constraint")
         seg = {"k": "gen", "var": e.get("var"), "rid": e.get("rid"), "where": e.get("where"), "text": "",
                "constraint": str(constraint)[:300] if constraint else None, "done": False, "chunks": 0,
-               "meta": {}, "tokens": None, "ttft": None, "elapsed": None}
+               "meta": {}, "tokens": None, "logprobs": False, "ttft": None, "elapsed": None}
         p.segments.append(seg)
-        p.open_gen, p.open_gen_t = seg, time.time()
+        p.open_gen, p.open_gen_t, p.first_chunk_t = seg, self._now, None
 
     def _gen_end(self, p: _Program, e: Event) -> None:
         seg = p.open_gen
@@ -245,13 +411,51 @@ class ProgramView(anywidget.AnyWidget):
             if seg is None:
                 return
         meta = dict(e.get("meta_info") or {})
-        tokens = meta.pop("output_tokens", None) or []
         seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
-        if tokens and (seg["constraint"] or any(f for _, f in tokens)):
-            seg["tokens"] = [[str(t), bool(f)] for t, f in tokens[:MAX_TOKENS_SHOWN]]
+        seg["tokens"] = token_detail(seg["text"], meta)
+        seg["logprobs"] = bool(seg["tokens"]) and any(t[2] is not None for t in seg["tokens"])
         seg["done"] = True
-        seg["elapsed"] = round(time.time() - p.open_gen_t, 4)
-        p.open_gen = None
+        # one clock for both: the engine's TTFT with its latency; else the wall time to the first streamed
+        # chunk (a gen that was not streamed has no first token to time: its text arrives with its end)
+        streamed = p.first_chunk_t is not None and seg["chunks"] > 1
+        ttft = meta.get("ttft", p.first_chunk_t - p.open_gen_t if streamed else None)
+        seg["ttft"] = round(ttft, 4) if isinstance(ttft, (int, float)) else None
+        seg["elapsed"] = round(self._now - p.open_gen_t, 4)
+        if p.open_gen is seg:
+            p.open_gen = None
+        if isinstance(e.get("prompt_chars"), int):
+            self._mark_cached(p, seg, e["prompt_chars"])
+
+    def _mark_cached(self, p: _Program, seg: dict[str, Any], prompt_chars: int) -> None:
+        """Mark the prompt text this gen read first (the text segments since the last gen, and its ancestors'
+        before the fork when it is a branch's first gen) with how much of it the cache served, and learn this
+        gen's (characters, tokens) points for the next gens' estimates."""
+        m = seg["meta"]
+        prompt, cached, done = m.get("prompt_tokens"), m.get("cached_tokens"), m.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(cached, int):
+            return
+        p.chars = prompt_chars + len(seg["text"])  # the interpreter's count is exact: realign on it
+        cut, exact = cached_chars(p.pieces, p.anchors, prompt_chars, prompt, cached)
+        readers: list[tuple[dict[str, Any], int]] = []
+        prog: _Program | None = p
+        limit = prompt_chars
+        while prog is not None:
+            readers += [(s, start) for s, start in prog.unread if start < limit]
+            prog.unread = [(s, start) for s, start in prog.unread if start >= limit]
+            parent = self._programs.get(prog.parent) if prog.parent else None
+            limit = parent.fork_at.get(prog.id, limit) if parent is not None else limit
+            prog = parent
+        if not exact:  # cache hits end at a boundary the program wrote (a role, a fork): snap to a near one
+            edges = [b for s, start in readers for b in (start, start + len(s["text"]))]
+            near = min(edges, key=lambda b: abs(b - cut), default=cut)
+            if abs(near - cut) <= max(3, 2 * prompt_chars / max(prompt, 1)):  # within about two tokens
+                cut = near
+        for s, start in readers:
+            s["cached"] = max(0, min(cut - start, len(s["text"])))
+        seg["cached_chars"], seg["cached_exact"] = cut, exact
+        p.anchors += [(prompt_chars, prompt)]
+        if isinstance(done, int) and seg["tokens"] is not None and len(seg["tokens"]) == done:
+            p.anchors += [(p.chars, prompt + done)]
 
     def _select(self, p: _Program, e: Event) -> None:
         choice, var = e.get("choice", ""), e.get("var")
@@ -286,11 +490,13 @@ class ProgramView(anywidget.AnyWidget):
         name = Path(path).name[:80] if path and not path.startswith("data:") else ""
         p.segments.append({"k": e["type"], "path": path[:200], "name": name, "thumb": thumb, "frames": frames,
                            "num_frames": e.get("num_frames")})
+        p.advance(str(e.get("text") or ""), 1)  # its tokens are the engine's to know: the points absorb them
 
     def _fork(self, p: _Program, e: Event) -> None:
         children = [str(c) for c in e.get("children") or []]
         p.segments.append({"k": "fork", "children": children})
         for c in children:
+            p.fork_at[c] = p.chars
             if c not in p.children:
                 p.children.append(c)
 
@@ -305,7 +511,7 @@ class ProgramView(anywidget.AnyWidget):
         p.error = {"message": str(e.get("message", ""))[:2000], "where": e.get("where")}
         p.segments.append({"k": "error", **p.error})
         p.status = "interrupted" if e.get("interrupted") else "error"
-        p.t_end = time.time()
+        p.t_end = self._now
         if p.open_gen is not None:
             p.open_gen["done"] = True
             p.open_gen = None
@@ -313,7 +519,7 @@ class ProgramView(anywidget.AnyWidget):
     def _end(self, p: _Program, e: Event) -> None:
         if p.status == "running":
             p.status = "done"
-        p.t_end = p.t_end or time.time()
+        p.t_end = p.t_end or self._now
 
     # ---- text forms --------------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -328,11 +534,11 @@ class ProgramView(anywidget.AnyWidget):
         return f"<ProgramView {title}{len(progs)} program(s), {status}{': ' + shown + more if shown else ''}>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
-        """The widget view plus a short text/plain (what a terminal prints); never text/html."""
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if bundle is not None:
-            bundle[0].pop("text/html", None)
-        return bundle
+        """The widget view, a short text/plain (what a terminal prints) and a static text/html snapshot (what a
+        renderer without the widget shows: GitHub, nbviewer, an exported page; see `_static.py`)."""
+        from sgnb.widgets._static import with_snapshot
+
+        return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
 
 
 _HANDLERS: dict[str, Callable[[ProgramView, _Program, Event], None]] = {

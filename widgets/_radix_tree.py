@@ -3,20 +3,20 @@
 Cheap for the engine by construction: the callback the engine calls on its scheduler thread is a deque's own
 `append` (a C call, no Python frame). A Ticker thread drains the deque at <= 20 Hz (less often when the tree
 is so large that a tick is slow: the thread keeps under `Ticker.max_share`, 2%, of the CPU), keeps a mirror of
-the tree from the events (insert/split/evict/lock/hit/reset), decodes the text of nodes it shows, aggregates
-small subtrees into "+N nodes" groups so the frontend never gets more than about `max_nodes` rows, and syncs
-them in one `hold_sync` message. A full snapshot is read only on attach and when the event stream has a gap.
+the tree from the events (insert/split/evict/lock/hit/reset/request), and syncs the rows that `_tree_rows`
+builds from it (the lab panel builds its rows there too) in one `hold_sync` message. A full snapshot is read
+only on attach and when the event stream has a gap; node text is read through the engine's view API
+(`Engine.node_key`, `node_path`) for the nodes shown.
 
-Colours follow the SGLang paper's figure: green = inserted, blue = hit, in the latest `highlight_seconds` of
-engine activity (measured on the events' clock, so an idle tree keeps the colours of its last step); red =
-evicted, fading out over `fade_seconds` of wall time, then removed. The row format is documented at the top of
-`radix_tree_draw.js`.
+Colours: green = inserted, blue = hit, in the latest `highlight_seconds` of engine activity (measured on the
+events' clock, so a quick step stays coloured), until the engine has been idle for `live_seconds`; red, dashed
+= evicted, drawn for `fade_seconds` of wall time (20 s: long enough to be seen), then removed; any other node
+is shaded by its cumulative hits (a heat scale), so an idle tree shows where the cache paid off. Every insert and hit event names its request, so a node knows the requests
+that share it. The row format is documented at the top of `radix_tree_draw.js`.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 import time
 from collections import deque
@@ -29,31 +29,43 @@ import traitlets
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import CHIP_PX, key_label
 from sgnb.widgets._ticker import Ticker
+from sgnb.widgets._tree_rows import (
+    EVICTED_S,
+    HIGHLIGHT_S,
+    LABEL_TOKENS,
+    LIVE_S,
+    MAX_EVICTED,
+    Node,
+    build_rows,
+    node_details,
+)
 
 Event = dict[str, Any]
 MAX_RIDS = 32  # request ids kept per node (the most recent)
+EAGER_LABELS = 64  # nodes a flush labels as soon as they appear (an evicted node keeps its label)
 
 
-class _Node:
-    __slots__ = ("id", "parent", "children", "tokens", "hits", "locked", "text", "media", "born", "hit_t",
-                 "evicted_t", "rids", "nrids")
+class _Node(Node):
+    """A node of the mirror: what the row builder reads (`Node`), plus the view's own bookkeeping."""
+
+    __slots__ = ("children", "text", "text_tokens", "media", "ids", "born", "hit_t", "evicted_t", "recent_rids")
 
     def __init__(self, node_id: int, parent: int | None, tokens: int, born: float) -> None:
-        self.id, self.parent, self.tokens, self.born = node_id, parent, tokens, born
+        super().__init__(node_id, parent, tokens)
+        self.born = born
         self.children: list[int] = []
-        self.hits = 0
-        self.locked = False
         self.text: str | None = None  # decoded label, None until needed (and again after a split)
+        self.text_tokens = 0  # how many tokens `text` was decoded from
         self.media: list[dict[str, Any]] = []  # the images / videos in its key, found with the label
+        self.ids: list[int] = []  # the start of its key, kept with the label: a label after a split or an eviction
         self.hit_t = 0.0
         self.evicted_t: float | None = None
-        self.rids: deque[str] = deque(maxlen=MAX_RIDS)
-        self.nrids = 0
+        self.recent_rids: deque[str] = deque(maxlen=MAX_RIDS)
 
     def add_rid(self, rid: str) -> None:
-        if rid not in self.rids:
-            self.rids.append(rid)
-            self.nrids += 1
+        if rid not in self.recent_rids:
+            self.recent_rids.append(rid)
+            self.rids += 1
 
 
 class RadixTreeView(anywidget.AnyWidget):
@@ -62,7 +74,7 @@ class RadixTreeView(anywidget.AnyWidget):
     `RadixTreeView(engine)` attaches at once (a snapshot, then events); `.detach()` unsubscribes and stops the
     timer thread. Clicking a node in the frontend sets `selected`; the view answers with `details` (the node's
     full text and the requests that share it). `collapsed` / `expanded` (node ids) are set by the frontend to
-    fold a subtree or open a "+N nodes" group.
+    fold a subtree or open a "+N nodes" group. The drawing starts in "fit width".
     """
 
     _esm = bundle("radix_tree.js")
@@ -75,12 +87,13 @@ class RadixTreeView(anywidget.AnyWidget):
     details = traitlets.Dict().tag(sync=True)
 
     def __init__(self, engine: Any, *, max_nodes: int = 300, interval: float = 0.05,
-                 highlight_seconds: float = 1.0, fade_seconds: float = 1.5, label_tokens: int = 32,
-                 **kwargs: Any) -> None:
+                 highlight_seconds: float = HIGHLIGHT_S, live_seconds: float = LIVE_S,
+                 fade_seconds: float = EVICTED_S, label_tokens: int = LABEL_TOKENS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.engine = engine
         self.max_nodes = max(8, int(max_nodes))
         self.highlight_seconds = highlight_seconds
+        self.live_seconds = live_seconds
         self.fade_seconds = fade_seconds
         self.label_tokens = label_tokens
         self.events_seen = 0
@@ -90,11 +103,13 @@ class RadixTreeView(anywidget.AnyWidget):
         self._nodes: dict[int, _Node] = {}
         self._root: int | None = None
         self._requests: dict[str, str] = {}
-        self._finished = 0
-        self._attributable: list[int] = []  # nodes inserted since the last lock/hit: owned by the next finisher
+        self._finished = 0  # requests the engine finished (not aborted): its count at attach, then events
+        self._evicted = 0  # nodes evicted since attach
         self._last_seq: int | None = None
         self._clock = 0.0  # time of the latest event applied
-        self._expiry: float | None = None  # when the next evicted node finishes fading
+        self._expiry: float | None = None  # when the next evicted node's time is up
+        self._calm: float | None = None  # when the latest step's colours give way to the heat
+        self._unlabelled: deque[int] = deque(maxlen=EAGER_LABELS)  # new nodes: labelled before they can go
         self._dirty = True
         # the engine calls this on its scheduler thread: a C-level append and nothing else
         self._events: deque[Event] = deque()
@@ -127,29 +142,30 @@ class RadixTreeView(anywidget.AnyWidget):
     # ---- the mirror --------------------------------------------------------------------------------------
     def _resync(self) -> None:
         """Rebuild the mirror from a snapshot (on attach, and when events were missed)."""
-        tree = getattr(self.engine, "tree", None)
-        if tree is not None:
-            rows = tree.snapshot(None, max_key=0)  # structure only: no decoding under the tree's lock
-        else:
-            rows = self.engine.tree_snapshot(max_key_tokens=0)["nodes"]
+        rows = self.engine.tree_snapshot(max_key_tokens=0)["nodes"]  # structure only, parents first
+        stats = getattr(self.engine, "get_stats", None)
         self.snapshots += 1
         with self._lock:
+            if stats is not None:  # the requests done before the view came (or while events were missed)
+                self._finished = int(stats().get("requests_finished", self._finished))
             old = self._nodes
             self._nodes = {}
-            now = self._clock or time.time()
-            for r in rows:  # parents come before children
+            for r in rows:
                 n = _Node(r["id"], r["parent"], r["tokens"], 0.0)  # already cached: not "new"
                 prev = old.get(n.id)
                 if prev is not None:
-                    n.text, n.media, n.born = prev.text, prev.media, prev.born
-                    n.hit_t, n.rids, n.nrids = prev.hit_t, prev.rids, prev.nrids
+                    n.text, n.text_tokens, n.media, n.born = prev.text, prev.text_tokens, prev.media, prev.born
+                    n.ids = prev.ids
+                    n.hit_t, n.recent_rids, n.rids = prev.hit_t, prev.recent_rids, prev.rids
                 n.hits, n.locked = r["hit_count"], r["lock_ref"] > 0
                 self._nodes[n.id] = n
                 if n.parent is None:
                     self._root = n.id
                 elif n.parent in self._nodes:
                     self._nodes[n.parent].children.append(n.id)
-            self._clock = now
+            for n in self._nodes.values():
+                n.children.sort()  # siblings in the order they were cached, as the panel draws them
+            self._clock = self._clock or time.time()
             self._dirty = True
 
     def flush(self) -> bool:
@@ -168,13 +184,32 @@ class RadixTreeView(anywidget.AnyWidget):
                     self._clock = max(self._clock, e.get("t") or time.time())
                     handler(self, e)
             self.events_seen += n
-            if self._expiry is not None and time.time() >= self._expiry:
+            while self._unlabelled:  # label new nodes now: once evicted, their text is gone from the engine
+                i = self._unlabelled.pop()
+                node = self._nodes.get(i)
+                if node is not None and node.text is None and node.evicted_t is None:
+                    self._label(i, self.label_tokens)
+            now = time.time()
+            if self._expiry is not None and now >= self._expiry:
                 self._expire()
+            if events:
+                self._calm = self._clock + self.live_seconds
+            elif self._calm is not None and now >= self._calm:
+                self._calm = None  # idle: new / hit give way to the heat
+                self._dirty = True
             if not (events or self._dirty):
                 return False
             self._dirty = False
             self._sync()
             return True
+
+    def _share(self, n: _Node | None, rid: str | None) -> None:
+        """Record that request `rid` uses node `n` and the path above it."""
+        if not rid:
+            return
+        while n is not None and n.parent is not None:
+            n.add_rid(rid)
+            n = self._nodes.get(n.parent)
 
     def _on_insert(self, e: Event) -> None:
         parent = self._nodes.get(e["parent"])
@@ -183,9 +218,10 @@ class RadixTreeView(anywidget.AnyWidget):
             return
         if e["node"] in self._nodes:  # seen in the attach snapshot already
             return
-        self._nodes[e["node"]] = _Node(e["node"], parent.id, e["tokens"], e.get("t", self._clock))
-        parent.children.append(e["node"])
-        self._attributable.append(e["node"])
+        n = self._nodes[e["node"]] = _Node(e["node"], parent.id, e["tokens"], e.get("t", self._clock))
+        parent.children.append(n.id)
+        self._share(n, e.get("rid"))
+        self._unlabelled.append(n.id)
 
     def _on_split(self, e: Event) -> None:
         child, parent = self._nodes.get(e["node"]), self._nodes.get(e["parent"])
@@ -194,14 +230,15 @@ class RadixTreeView(anywidget.AnyWidget):
                 self._resync()
             return
         at = e["at"]
-        upper = _Node(e["upper"], parent.id, at, child.born)
+        upper = _Node(e["upper"], parent.id, at, child.born)  # the child's tokens, cut in two: not "new"
         upper.hits, upper.locked, upper.hit_t = child.hits, child.locked, child.hit_t
-        upper.rids, upper.nrids = deque(child.rids, maxlen=MAX_RIDS), child.nrids
+        upper.recent_rids, upper.rids = deque(child.recent_rids, maxlen=MAX_RIDS), child.rids
         upper.children = [child.id]
         parent.children[parent.children.index(child.id)] = upper.id
         child.parent, child.tokens, child.text = upper.id, max(child.tokens - at, 0), None
+        upper.ids, child.ids = child.ids[:at], child.ids[at:]
         self._nodes[upper.id] = upper
-        self._attributable.append(upper.id)
+        self._unlabelled.extend((upper.id, child.id))
 
     def _on_hit(self, e: Event) -> None:
         rid, t = e.get("rid"), e.get("t", self._clock)
@@ -212,7 +249,6 @@ class RadixTreeView(anywidget.AnyWidget):
                 n.hit_t = t
                 if rid:
                     n.add_rid(rid)
-        self._attributable.clear()
 
     def _on_evict(self, e: Event) -> None:
         t = time.time()
@@ -221,19 +257,19 @@ class RadixTreeView(anywidget.AnyWidget):
             if n is not None and n.evicted_t is None:
                 n.evicted_t = t
                 n.locked = False
+                self._evicted += 1
         self._expiry = min(self._expiry or float("inf"), t + self.fade_seconds)
-        self._attributable.clear()
+        if sum(1 for n in self._nodes.values() if n.evicted_t is not None) > MAX_EVICTED:
+            self._expire(keep=MAX_EVICTED)
 
     def _on_lock(self, e: Event) -> None:
         for node_id in e.get("nodes", ()):
             n = self._nodes.get(node_id)
             if n is not None:
                 n.locked = e["type"] == "lock"
-        if e["type"] == "lock":  # inserts followed by a lock were a running request's prefill: owner unknown
-            self._attributable.clear()
 
     def _on_reset(self, e: Event) -> None:
-        """A new empty tree (flush_cache): nodes still fading out stay, hung under the new root."""
+        """A new empty tree (flush_cache): nodes still drawn as evicted stay, hung under the new root."""
         root, old = e["root"], self._root
         new = _Node(root, None, 0, 0.0)
         keep = {i: n for i, n in self._nodes.items() if n.evicted_t is not None}
@@ -243,7 +279,6 @@ class RadixTreeView(anywidget.AnyWidget):
                 new.children.append(n.id)
         self._nodes = {root: new, **keep}
         self._root = root
-        self._attributable.clear()
 
     def _on_request(self, e: Event) -> None:
         rid, state = e.get("rid"), e.get("state")
@@ -251,39 +286,33 @@ class RadixTreeView(anywidget.AnyWidget):
             return
         if state == "finished":
             self._requests.pop(rid, None)
-            self._finished += 1
-            # a finishing request inserts its sequence, unlocks, then reports: those inserts are its own
-            for node_id in self._attributable:
-                n = self._nodes.get(node_id)
-                while n is not None and n.parent is not None:
-                    n.add_rid(rid)
-                    n = self._nodes.get(n.parent)
+            if e.get("reason") != "abort":  # as the engine counts requests_finished
+                self._finished += 1
         else:
             self._requests[rid] = state or "?"
-        self._attributable.clear()
 
-    def _expire(self) -> None:
-        """Drop evicted nodes whose fade is over."""
-        now, nxt = time.time(), None
-        gone = []
-        for n in self._nodes.values():
-            if n.evicted_t is not None:
-                if now >= n.evicted_t + self.fade_seconds:
-                    gone.append(n)
-                else:
-                    nxt = min(nxt or float("inf"), n.evicted_t + self.fade_seconds)
+    def _expire(self, keep: int | None = None) -> None:
+        """Drop evicted nodes whose time is up (and the oldest beyond `keep` of them)."""
+        now = time.time()
+        evicted = sorted((n for n in self._nodes.values() if n.evicted_t is not None),
+                         key=lambda n: n.evicted_t or 0.0)
+        cut = len(evicted) - keep if keep is not None else 0
+        gone = [n for k, n in enumerate(evicted) if k < cut or now >= (n.evicted_t or 0.0) + self.fade_seconds]
         for n in gone:
             del self._nodes[n.id]
             parent = self._nodes.get(n.parent) if n.parent is not None else None
             if parent is not None and n.id in parent.children:
                 parent.children.remove(n.id)
-        self._expiry = nxt
+        left = [n.evicted_t + self.fade_seconds for n in evicted if n.id in self._nodes and n.evicted_t]
+        self._expiry = min(left) if left else None
         self._dirty = self._dirty or bool(gone)
 
     # ---- what the frontend gets ---------------------------------------------------------------------------
-    def _state(self, n: _Node) -> str:
+    def _state(self, n: _Node, idle: bool = False) -> str:
         if n.evicted_t is not None:
             return "evicted"
+        if idle:
+            return ""
         horizon = self._clock - self.highlight_seconds
         if n.born >= horizon and n.parent is not None:
             return "new"
@@ -291,20 +320,25 @@ class RadixTreeView(anywidget.AnyWidget):
             return "hit"
         return ""
 
-    def _label(self, n: _Node) -> str:
-        if n.text is None:
-            n.text, n.media = self._decode(n.id, self.label_tokens) if n.parent is not None else ("", [])
-        return n.text
+    def _label(self, node_id: int, tokens: int) -> tuple[str, list[dict[str, Any]]]:
+        """The text of the node's first `tokens` tokens and its media (cached; an evicted node keeps its last)."""
+        n = self._nodes[node_id]
+        if n.text is not None and (n.text_tokens >= tokens or n.evicted_t is not None):
+            return n.text, n.media
+        key = self.engine.node_key(node_id) if n.evicted_t is None else None
+        if key is None:  # gone from the engine: what the mirror kept of its key (split off a labelled node)
+            if n.text is None and n.ids:
+                n.text, n.media = self._decode(n.ids, tokens)
+            return n.text or "", n.media
+        n.ids = key[: 2 * self.label_tokens]
+        n.text, n.media = self._decode(key, tokens)
+        n.text_tokens = tokens
+        return n.text, n.media
 
-    def _decode(self, node_id: int, limit: int, px: int | None = CHIP_PX) -> tuple[str, list[dict[str, Any]]]:
-        """The node's label (`limit` tokens, an image counting as one) and its media (thumbnails `px`)."""
-        tree = getattr(self.engine, "tree", None)
-        live = tree.nodes.get(node_id) if tree is not None else None  # a dict read: no tree lock needed
-        if live is None:
-            return "", []
+    def _decode(self, key: list[int], tokens: int) -> tuple[str, list[dict[str, Any]]]:
         try:
-            return key_label(self.engine, live.key, limit, px)
-        except Exception:
+            return key_label(self.engine, key, tokens, CHIP_PX)
+        except Exception:  # a view must not die of a key it cannot read
             return "", []
 
     def _sync(self) -> None:
@@ -317,106 +351,32 @@ class RadixTreeView(anywidget.AnyWidget):
         self.flushes += 1
 
     def layout(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The rows to draw (parents first) and a summary. Above `max_nodes`, the largest / most active subtrees
-        are shown and the rest of each node's children become one "+N nodes" group row."""
+        """The rows to draw (parents first) and a summary (`_tree_rows.build_rows`)."""
         nodes, root = self._nodes, self._root
         if root is None or root not in nodes:
             return [], {"nodes": 0}
-        order, stack = [], [root]
+        idle = time.time() - self._clock >= self.live_seconds
+        order, stack = [], [root]  # preorder: each node's children in the order the mirror keeps them
         while stack:
-            i = stack.pop()
-            order.append(i)
-            stack.extend(c for c in nodes[i].children if c in nodes)
-        count: dict[int, int] = {}
-        tokens: dict[int, int] = {}
-        activity: dict[int, tuple[int, int, int]] = {}  # (new, hit, evicted) in the subtree
-        states: dict[int, str] = {}
-        for i in reversed(order):
-            n = nodes[i]
-            s = states[i] = self._state(n)
-            c, t = 1, n.tokens
-            a = [s == "new", s == "hit", s == "evicted"]
-            for ch in n.children:
-                if ch in count:
-                    c, t = c + count[ch], t + tokens[ch]
-                    ca = activity[ch]
-                    a = [a[0] + ca[0], a[1] + ca[1], a[2] + ca[2]]
-            count[i], tokens[i], activity[i] = c, t, (a[0], a[1], a[2])
-        collapsed, expanded = set(self.collapsed), set(self.expanded)
-
-        # choose nodes to show: parents before children, best subtrees first, within the budget; the children
-        # of an expanded group come first and get a budget of their own (up to max_nodes more)
-        shown: list[int] = []
-        extra = 0
-        tie = itertools.count()
-        heap: list[tuple[int, int, int, int, int]] = [(0, 0, 0, next(tie), root)]
-        while heap and len(shown) - extra < self.max_nodes:
-            forced_entry, *_, i = heapq.heappop(heap)
-            if forced_entry and extra < self.max_nodes:
-                extra += 1
-            shown.append(i)
-            if i in collapsed:
-                continue
-            forced = i in expanded
-            for ch in nodes[i].children:
-                if ch in count:
-                    a = activity[ch]
-                    heapq.heappush(heap, (-int(forced), -int(a[0] + a[1] + a[2] > 0), -count[ch], next(tie), ch))
-        shown_set = set(shown)
-        rows = []
-        groups = 0
-        for i in order:  # preorder keeps parents first
-            if i not in shown_set:
-                continue
-            n = nodes[i]
-            kids = [c for c in n.children if c in count]
-            row = {"id": i, "parent": n.parent, "text": self._label(n), "tokens": n.tokens, "hits": n.hits,
-                   "locked": n.locked, "state": states[i], "rids": n.nrids, "kids": len(kids)}
-            if n.media:
-                row["media"] = n.media
-            if i in collapsed:
-                row["collapsed"] = True
-                row["hidden"] = count[i] - 1
-            rows.append(row)
-            hidden = [c for c in kids if c not in shown_set]
-            if hidden and i not in collapsed:
-                groups += 1
-                act = [sum(activity[c][k] for c in hidden) for k in range(3)]
-                rows.append({"id": f"g{i}", "parent": i, "group": True, "children": len(hidden),
-                             "count": sum(count[c] for c in hidden), "tokens": sum(tokens[c] for c in hidden),
-                             "new": act[0], "hit": act[1], "evicted": act[2],
-                             "state": "new" if act[0] else "hit" if act[1] else "evicted" if act[2] else ""})
-        live = [n for n in nodes.values() if n.evicted_t is None]
-        summary = {
-            "nodes": len(live), "shown": len(shown), "groups": groups,
-            "tokens": sum(n.tokens for n in live), "locked": sum(n.locked for n in live),
-            "evicting": len(nodes) - len(live), "new": activity[root][0], "hit": activity[root][1],
-            "queued": sum(s == "queued" for s in self._requests.values()), "finished": self._finished,
-            "events": self.events_seen, "max_nodes": self.max_nodes,
-        }
+            n = nodes[stack.pop()]
+            n.state = self._state(n, idle)
+            order.append(n)
+            stack.extend(c for c in reversed(n.children) if c in nodes)
+        rows, summary = build_rows(order, self._label, max_nodes=self.max_nodes, collapsed=set(self.collapsed),
+                                   expanded=set(self.expanded), label_tokens=self.label_tokens)
+        summary.update(queued=sum(s == "queued" for s in self._requests.values()), finished=self._finished,
+                       evicted_total=self._evicted, events=self.events_seen)
         return rows, summary
 
     def _details(self, node_id: Any) -> dict[str, Any]:
         n = self._nodes.get(node_id) if isinstance(node_id, int) else None
-        if n is None:
+        if n is None or n.parent is None:
             return {}
-        text, media = self._decode(n.id, 4096, px=None)  # the engine's own thumbnails: only one node's
-        text = text or self._label(n)
-        path, p = [], self._nodes.get(n.parent) if n.parent is not None else None
-        while p is not None and p.parent is not None:
-            path.append(self._label(p))
-            p = self._nodes.get(p.parent)
-        prefix = "".join(reversed(path))
-        return {"id": n.id, "text": text[:8000], "prefix": prefix[-2000:], "prefix_truncated": len(prefix) > 2000,
-                "tokens": n.tokens, "hits": n.hits, "locked": n.locked, "state": self._state(n),
-                "rids": list(n.rids)[::-1], "n_rids": n.nrids, "media": media or n.media,
-                "depth_tokens": sum(self._nodes[q].tokens for q in self._ancestors(n.id))}
-
-    def _ancestors(self, node_id: int) -> list[int]:
-        out, n = [], self._nodes.get(node_id)
-        while n is not None and n.parent is not None:
-            out.append(n.id)
-            n = self._nodes.get(n.parent)
+        n.state = self._state(n, time.time() - self._clock >= self.live_seconds)
+        out = node_details(self.engine, n, fallback_text=n.text or "")
+        out["rids"] = list(n.recent_rids)[::-1]
+        if not out["media"]:
+            out["media"] = n.media
         return out
 
     def _on_frontend(self, change: dict[str, Any]) -> None:
@@ -432,8 +392,8 @@ class RadixTreeView(anywidget.AnyWidget):
     def __repr__(self) -> str:
         s = self.summary
         state = "attached" if self.attached else "detached"
-        return (f"<RadixTreeView {max(s.get('nodes', 1) - 1, 0)} nodes below the root, {s.get('tokens', 0)} tokens cached, "
-                f"{s.get('locked', 0)} in use, {state}>")
+        return (f"<RadixTreeView {max(s.get('nodes', 1) - 1, 0)} nodes below the root, {s.get('tokens', 0)} tokens "
+                f"cached, {s.get('locked', 0)} in use, {s.get('finished', 0)} requests done, {state}>")
 
 
 _HANDLERS: dict[str, Callable[[RadixTreeView, Event], None]] = {

@@ -30,7 +30,9 @@ function render({ model, el }) {
     },
   };
   const state = () => Object.fromEntries(KEYS.map((k) => [k, model.get(k)]));
-  const handle = drawTree(el, state(), callbacks);
+  // a notebook's output is as wide as the notebook: start in "fit width", so a deep tree becomes an outline
+  // instead of a drawing that scrolls sideways
+  const handle = drawTree(el, state(), callbacks, { fit: true });
   const update = () => drawTree(el, state(), callbacks);
   for (const k of KEYS) model.on(`change:${k}`, update);
   return () => {

@@ -1,6 +1,7 @@
 /*
  * radix_tree_draw.js: draws sgnb's radix tree. Shared by the RadixTreeView widget (radix_tree.js) and the
- * JupyterLab side panel: a plain ES module with no imports and no dependencies.
+ * JupyterLab side panel: a plain ES module with no imports and no dependencies. Both get their rows from the
+ * same Python code (sgnb/widgets/_tree_rows.py).
  *
  *   import { drawTree } from "./radix_tree_draw.js";
  *   const handle = drawTree(container, state, callbacks, options);  // the first call builds the DOM inside
@@ -12,25 +13,32 @@
  * state = {
  *   nodes: Row[],           parents before children; exactly one row has parent === null (the root)
  *   summary: {              optional, all numbers: nodes (live nodes in the tree), shown (rows that are nodes),
- *                           groups ("+N" rows), tokens (cached tokens), locked (nodes in use), evicting (red
- *                           nodes still fading), new, hit (nodes coloured now), queued, finished (requests),
- *                           events (engine events seen), max_nodes (the row budget) }
+ *                           groups ("+N" rows), tokens (cached tokens), locked (nodes in use), evicting (evicted
+ *                           nodes still drawn), evicted_total (nodes evicted since the view began), new, hit
+ *                           (nodes coloured now), max_hits (the most hit node's hits: the heat scale's top),
+ *                           queued, finished (requests), events (engine events seen), max_nodes (the budget) }
  *   collapsed: id[],        nodes whose subtrees are folded (drawn with a "+" button and their hidden count)
  *   selected: id | null,    the clicked node: outlined, and described in the details box below the tree
  *   details: {...} | {},    the selected node as told by Python (see below); ignored when its id differs
  * }
  *
- * A node row:  { id: int, parent: int | null, text: string (its tokens decoded, maybe cut: drawn shortened;
- *                an image's or video's tokens read "[image]" / "[video]", once each),
- *                tokens: int, hits: int, locked: bool (in use by a running request),
- *                state: "" | "new" | "hit" | "evicted", rids: int (requests known to share it),
+ * A node row:  { id: int, parent: int | null, text: string (its tokens decoded, maybe cut; an image's or
+ *                video's tokens read "[image]" / "[video]", once each; shown whole in the tooltip),
+ *                label?: string (text as drawn, when it differs: each chat-template marker is one character
+ *                of GLYPHS below, drawn as a small role chip), diff?: int (how many leading characters of
+ *                the label it shares with a sibling's: a label too long for its box is cut so that the
+ *                part after them shows), tokens: int, hits: int (cumulative), heat?: 1..5 (hits on the
+ *                tree's log scale: the fill of a node with no live state), locked: bool (in use by a running
+ *                request), state: "" | "new" | "hit" | "evicted", rids: int (requests known to share it),
  *                kids: int (children in the tree), collapsed?: true, hidden?: int (descendants folded),
  *                media?: Media[] (the images / videos in its tokens, in order: drawn as thumbnail chips
  *                before the label, at most two and a "+N") }
  * Media:       { kind: "image" | "video", hash: string (short content hash), tokens: int (its tokens in this
  *                node), thumbnail: "data:image/...;base64,..." | "" | null }
  * A group row: { id: "g<parent id>", parent: int, group: true, children: int (hidden children of parent),
- *                count: int (nodes in their subtrees), tokens: int, new: int, hit: int, evicted: int,
+ *                count: int (nodes in their subtrees), tokens: int, leaves: int (hidden children that are
+ *                leaves), shapes: int (distinct subtree shapes among them), like_shown: bool (siblings of
+ *                their shape are drawn: "+N more like these"), new: int, hit: int, evicted: int,
  *                state: the most notable state inside ("new" > "hit" > "evicted" > "") }
  * details:     { id, text (the node's full text), prefix (text of the path above it; its start is cut when
  *                prefix_truncated), prefix_truncated: bool, tokens, hits, locked, state,
@@ -51,13 +59,18 @@
  *                           only a tree too deep even for that scrolls sideways. Redrawn on a resize.
  *   follow: false,          "follow newest" starts on: whenever a newer node appears (node ids grow with
  *                           every insert and split), it is scrolled into view and outlined with dashes
- *   controls: true,         show the two toggles in the header (the user can flip them either way)
+ *   zoom: false,            "zoom to fit" starts on: the drawing is scaled down (to 20% at most) so that all
+ *                           of it fits the scroll box
+ *   controls: true,         show the toggles in the header (the user can flip them either way)
  * }
- * The root element's data-layout ("columns" | "outline") and data-newest (the newest node's id) say what
- * was drawn.
+ * The root element's data-layout ("columns" | "outline"), data-newest (the newest node's id), data-zoom (the
+ * scale drawn at) and data-live ("1" while some node is new or hit) say what was drawn.
  *
- * Colours follow the SGLang paper's figure: green = newly inserted, blue = hit in the latest step, red =
- * evicted (fading out). A padlock and a thick border mark nodes in use. All text goes in through textContent, never innerHTML.
+ * Colours: green = newly inserted, blue = hit in the latest step, red and dashed = evicted (drawn for a while,
+ * then gone); with no live change, a node is shaded by its cumulative hits (the heat scale in the legend; while
+ * something is live the heat is muted so the change stands out). A padlock and a thick border mark nodes in use.
+ * Every colour comes from JupyterLab's theme variables (light fallbacks elsewhere), so a dark theme reads well.
+ * All text goes in through textContent, never innerHTML.
  */
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -75,52 +88,120 @@ const CHAR_W = 6.4; // average width of an 11px label character, for cutting lab
 const CHIP = 28; // a media chip: a square thumbnail at the box's left
 const CHIP_GAP = 3;
 const MAX_CHIPS = 2; // more media in one node: a "+N" chip after these
+const MIN_ZOOM = 0.2;
+const HEAT_LEVELS = 5;
+const GLYPH_CHARS = 3; // a role chip is about as wide as three characters
+const GLYPH_PAD = "\u2002"; // an en space each side of a role chip's letter: room for its rounded background
+
+// the label's chat-template markers (sgnb/widgets/_tree_rows.py GLYPHS): character -> [class, letter, name]
+export const GLYPHS = {
+  "\ue000": ["system", "S", "system turn"],
+  "\ue001": ["user", "U", "user turn"],
+  "\ue002": ["assistant", "A", "assistant turn"],
+  "\ue003": ["tool", "T", "tool turn"],
+  "\ue004": ["role", "R", "turn of another role"],
+  "\ue005": ["end", "/", "end of turn"],
+  "\ue006": ["special", "•", "special token"],
+};
 
 const TREE_CSS = `
-.sgnb-rt { font: 12px var(--jp-ui-font-family, system-ui, sans-serif); color: var(--jp-ui-font-color1, #222); }
+.sgnb-rt {
+  --sgnb-rt-bg: var(--jp-layout-color0, #fff);
+  --sgnb-rt-box: var(--jp-layout-color1, #f7f7f8);
+  --sgnb-rt-fg: var(--jp-ui-font-color1, #1f2328);
+  --sgnb-rt-fg2: var(--jp-ui-font-color2, #57606a);
+  --sgnb-rt-line: var(--jp-border-color1, #8a9099);
+  --sgnb-rt-line2: var(--jp-border-color2, #d0d4d9);
+  --sgnb-rt-new: var(--jp-success-color1, #1f9d3a);
+  --sgnb-rt-hit: var(--jp-brand-color1, #2764d8);
+  --sgnb-rt-evicted: var(--jp-error-color1, #d93025);
+  --sgnb-rt-heat: #f0a020;
+  --sgnb-rt-select: #9a32cd;
+  font: 12px var(--jp-ui-font-family, system-ui, sans-serif); color: var(--sgnb-rt-fg);
+}
 .sgnb-rt-head { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; margin: 2px 0 6px; }
 .sgnb-rt-sum { font-weight: 600; }
-.sgnb-rt-legend span { display: inline-flex; align-items: center; gap: 4px; margin-right: 10px; }
-.sgnb-rt-legend i { width: 11px; height: 11px; border-radius: 2px; display: inline-block; border: 1px solid; }
-.sgnb-rt-ctl { display: inline-flex; gap: 10px; color: var(--jp-ui-font-color2, #666); }
+.sgnb-rt-legend { display: inline-flex; flex-wrap: wrap; align-items: center; gap: 2px 10px; }
+.sgnb-rt-legend > span { display: inline-flex; align-items: center; gap: 4px; }
+.sgnb-rt-legend i { width: 11px; height: 11px; border-radius: 2px; display: inline-block; border: 1px solid;
+  box-sizing: border-box; }
+.sgnb-rt-legend i.new { background: color-mix(in srgb, var(--sgnb-rt-new) 24%, var(--sgnb-rt-box));
+  border-color: var(--sgnb-rt-new); }
+.sgnb-rt-legend i.hit { background: color-mix(in srgb, var(--sgnb-rt-hit) 24%, var(--sgnb-rt-box));
+  border-color: var(--sgnb-rt-hit); }
+.sgnb-rt-legend i.evicted { background: color-mix(in srgb, var(--sgnb-rt-evicted) 18%, var(--sgnb-rt-box));
+  border: 1.5px dashed var(--sgnb-rt-evicted); }
+.sgnb-rt-legend i.locked { border: 2.5px solid var(--sgnb-rt-fg); }
+.sgnb-rt-legend .heat { display: inline-flex; }
+.sgnb-rt-legend .heat i { border-radius: 0; border-color: var(--sgnb-rt-line); width: 9px; }
+.sgnb-rt-legend .heat i + i { border-left: none; }
+.sgnb-rt-ctl { display: inline-flex; gap: 10px; color: var(--sgnb-rt-fg2); }
 .sgnb-rt-ctl label { display: inline-flex; align-items: center; gap: 3px; cursor: pointer; }
 .sgnb-rt-ctl input { margin: 0; }
-.sgnb-rt-scroll { max-height: 460px; overflow: auto; border: 1px solid var(--jp-border-color2, #ddd);
-  border-radius: 4px; background: var(--jp-layout-color0, #fff); scrollbar-gutter: stable; }
+.sgnb-rt-scroll { max-height: 460px; overflow: auto; border: 1px solid var(--sgnb-rt-line2);
+  border-radius: 4px; background: var(--sgnb-rt-bg); scrollbar-gutter: stable; }
 .sgnb-rt svg { display: block; }
-.sgnb-rt-edges { fill: none; stroke: #9aa0a6; stroke-width: 1.2; }
+.sgnb-rt-edges { fill: none; stroke: var(--sgnb-rt-line); stroke-width: 1.2; }
 .sgnb-rt-node { cursor: pointer; }
-.sgnb-rt-node rect.box { fill: #f7f7f8; stroke: #8a9099; stroke-width: 1; rx: 5; ry: 5; }
-.sgnb-rt-node text { fill: #1f2328; font-size: 11px; pointer-events: none; }
-.sgnb-rt-node text.sub { fill: #57606a; font-size: 10px; }
-.sgnb-rt-node.new rect.box { fill: #d3f4d1; stroke: #1f9d3a; stroke-width: 1.6; }
-.sgnb-rt-node.hit rect.box { fill: #d5e5ff; stroke: #2764d8; stroke-width: 1.6; }
-.sgnb-rt-node.evicted rect.box { fill: #ffd8d3; stroke: #d93025; stroke-width: 1.6; }
-.sgnb-rt-node.evicted { animation: sgnb-rt-fade 1.5s ease-out forwards; }
+.sgnb-rt-node rect.box { fill: var(--sgnb-rt-box); stroke: var(--sgnb-rt-line); stroke-width: 1; rx: 5; ry: 5; }
+.sgnb-rt-node text { fill: var(--sgnb-rt-fg); font-size: 11px; pointer-events: none; }
+.sgnb-rt-node text.sub { fill: var(--sgnb-rt-fg2); font-size: 10px; }
+.sgnb-rt-node.heat-1 rect.box { fill: color-mix(in srgb, var(--sgnb-rt-heat) 10%, var(--sgnb-rt-box)); }
+.sgnb-rt-node.heat-2 rect.box { fill: color-mix(in srgb, var(--sgnb-rt-heat) 19%, var(--sgnb-rt-box)); }
+.sgnb-rt-node.heat-3 rect.box { fill: color-mix(in srgb, var(--sgnb-rt-heat) 28%, var(--sgnb-rt-box)); }
+.sgnb-rt-node.heat-4 rect.box { fill: color-mix(in srgb, var(--sgnb-rt-heat) 38%, var(--sgnb-rt-box)); }
+.sgnb-rt-node.heat-5 rect.box { fill: color-mix(in srgb, var(--sgnb-rt-heat) 48%, var(--sgnb-rt-box)); }
+.sgnb-rt-legend .heat i.h1 { background: color-mix(in srgb, var(--sgnb-rt-heat) 10%, var(--sgnb-rt-box)); }
+.sgnb-rt-legend .heat i.h2 { background: color-mix(in srgb, var(--sgnb-rt-heat) 19%, var(--sgnb-rt-box)); }
+.sgnb-rt-legend .heat i.h3 { background: color-mix(in srgb, var(--sgnb-rt-heat) 28%, var(--sgnb-rt-box)); }
+.sgnb-rt-legend .heat i.h4 { background: color-mix(in srgb, var(--sgnb-rt-heat) 38%, var(--sgnb-rt-box)); }
+.sgnb-rt-legend .heat i.h5 { background: color-mix(in srgb, var(--sgnb-rt-heat) 48%, var(--sgnb-rt-box)); }
+.sgnb-rt[data-live="1"] .sgnb-rt-node[class*="heat-"] rect.box { fill-opacity: 0.45; }
+.sgnb-rt-node.new rect.box { fill: color-mix(in srgb, var(--sgnb-rt-new) 24%, var(--sgnb-rt-box));
+  stroke: var(--sgnb-rt-new); stroke-width: 1.6; }
+.sgnb-rt-node.hit rect.box { fill: color-mix(in srgb, var(--sgnb-rt-hit) 24%, var(--sgnb-rt-box));
+  stroke: var(--sgnb-rt-hit); stroke-width: 1.6; }
+.sgnb-rt-node.evicted rect.box { fill: color-mix(in srgb, var(--sgnb-rt-evicted) 18%, var(--sgnb-rt-box));
+  stroke: var(--sgnb-rt-evicted); stroke-width: 1.6; stroke-dasharray: 5 3; }
+.sgnb-rt-node.evicted text.main { text-decoration: line-through; }
+.sgnb-rt-node.evicted { animation: sgnb-rt-fade 20s linear forwards; }
 .sgnb-rt-node.locked rect.box { stroke-width: 2.6; }
-.sgnb-rt-node.root rect.box { fill: #eceff3; }
-.sgnb-rt-node.group rect.box { fill: #fafafa; stroke-dasharray: 4 3; }
-.sgnb-rt-node.selected rect.box { stroke: #9a32cd; stroke-width: 3; }
+.sgnb-rt-node.root rect.box { fill: color-mix(in srgb, var(--sgnb-rt-line) 18%, var(--sgnb-rt-box)); }
+.sgnb-rt-node.group rect.box { fill: var(--sgnb-rt-bg); stroke-dasharray: 4 3; }
+.sgnb-rt-node.selected rect.box { stroke: var(--sgnb-rt-select); stroke-width: 3; }
 .sgnb-rt.following .sgnb-rt-node.newest rect.box { stroke-dasharray: 5 2; stroke-width: 2.2; }
-.sgnb-rt-node .fold { fill: #fff; stroke: #8a9099; }
-.sgnb-rt-chip rect { fill: #e4e7eb; stroke: #57606a; stroke-width: 1; rx: 3; ry: 3; }
+.sgnb-rt-node .fold { fill: var(--sgnb-rt-bg); stroke: var(--sgnb-rt-line); }
+.sgnb-rt-node .lock path { fill: none; stroke: var(--sgnb-rt-fg); stroke-width: 1.4; }
+.sgnb-rt-node .lock rect { fill: var(--sgnb-rt-fg); }
+.sgnb-rt-chip rect { fill: var(--sgnb-rt-line2); stroke: var(--sgnb-rt-fg2); stroke-width: 1; rx: 3; ry: 3; }
 .sgnb-rt-chip.video rect { fill: #1f2328; stroke: #1f2328; }
-.sgnb-rt-node .sgnb-rt-chip text { font-size: 9px; fill: #57606a; }
+.sgnb-rt-node .sgnb-rt-chip text { font-size: 9px; fill: var(--sgnb-rt-fg2); }
 .sgnb-rt-node .sgnb-rt-chip.video text { fill: #fff; }
 .sgnb-rt-node text.foldmark { font-size: 11px; font-weight: 700; }
-@keyframes sgnb-rt-fade { from { opacity: 1; } to { opacity: 0.3; } }
-.sgnb-rt-details { margin-top: 6px; padding: 6px 8px; border: 1px solid var(--jp-border-color2, #ddd);
-  border-radius: 4px; background: var(--jp-layout-color1, #fafafa); }
+.sgnb-rt-node text tspan.role { font-size: 8.5px; font-weight: 700; fill: #fff; stroke-width: 8px;
+  stroke-linejoin: round; paint-order: stroke fill; }
+.sgnb-rt tspan.role.system, .sgnb-rt-details .role.system { stroke: #7c4dbd; background: #7c4dbd; }
+.sgnb-rt tspan.role.user, .sgnb-rt-details .role.user { stroke: #1f6feb; background: #1f6feb; }
+.sgnb-rt tspan.role.assistant, .sgnb-rt-details .role.assistant { stroke: #1a7f37; background: #1a7f37; }
+.sgnb-rt tspan.role.tool, .sgnb-rt-details .role.tool { stroke: #9a6700; background: #9a6700; }
+.sgnb-rt tspan.role.role, .sgnb-rt-details .role.role { stroke: #57606a; background: #57606a; }
+.sgnb-rt tspan.role.end, .sgnb-rt tspan.role.special,
+.sgnb-rt-details .role.end, .sgnb-rt-details .role.special { stroke: #8c959f; background: #8c959f; }
+@keyframes sgnb-rt-fade { from { opacity: 1; } to { opacity: 0.45; } }
+.sgnb-rt-details { margin-top: 6px; padding: 6px 8px; border: 1px solid var(--sgnb-rt-line2);
+  border-radius: 4px; background: var(--sgnb-rt-box); }
 .sgnb-rt-details:empty { display: none; }
 .sgnb-rt-details pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; max-height: 220px;
-  overflow: auto; font: 12px var(--jp-code-font-family, monospace); }
-.sgnb-rt-details .prefix { color: var(--jp-ui-font-color2, #777); }
-.sgnb-rt-details .own { background: #fff3b0; color: #1f2328; }
+  overflow: auto; font: 12px var(--jp-code-font-family, monospace); color: var(--sgnb-rt-fg); }
+.sgnb-rt-details .prefix { color: var(--sgnb-rt-fg2); }
+.sgnb-rt-details .own { background: color-mix(in srgb, #f5c400 30%, var(--sgnb-rt-box)); color: var(--sgnb-rt-fg); }
+.sgnb-rt-details .roles { display: flex; flex-wrap: wrap; gap: 4px; margin: 2px 0; color: var(--sgnb-rt-fg2); }
+.sgnb-rt-details .role { color: #fff; border-radius: 3px; padding: 0 4px; font-size: 10px; font-weight: 700; }
 .sgnb-rt-media { display: flex; flex-wrap: wrap; gap: 8px; margin: 4px 0; }
-.sgnb-rt-media figure { margin: 0; font-size: 10.5px; color: var(--jp-ui-font-color2, #666); }
+.sgnb-rt-media figure { margin: 0; font-size: 10.5px; color: var(--sgnb-rt-fg2); }
 .sgnb-rt-media img { display: block; max-height: 96px; max-width: 160px; border-radius: 3px;
-  border: 1px solid var(--jp-border-color2, #ccc); }
-.sgnb-rt-empty { padding: 12px; color: var(--jp-ui-font-color2, #777); }
+  border: 1px solid var(--sgnb-rt-line2); }
+.sgnb-rt-empty { padding: 12px; color: var(--sgnb-rt-fg2); }
 `;
 
 function svgEl(tag, attrs, parent) {
@@ -138,10 +219,80 @@ function htmlEl(tag, cls, parent, text) {
   return el;
 }
 
+function visible(s) {
+  return String(s ?? "").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+}
+
 /** A label for a node's text: whitespace made visible, cut to `n` characters. */
 export function shortText(text, n = LABEL_CHARS) {
-  const s = String(text ?? "").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  const s = visible(text);
   return s.length > n ? s.slice(0, Math.max(n - 1, 0)) + "…" : s;
+}
+
+function charW(ch) {
+  return GLYPHS[ch] ? GLYPH_CHARS : 1;
+}
+
+function width(s, from = 0, to = s.length) {
+  let w = 0;
+  for (let i = from; i < to; i++) w += charW(s[i]);
+  return w;
+}
+
+/** The longest part of `s` from `from` on that is at most `budget` characters wide. */
+function take(s, from, budget) {
+  let w = 0;
+  let i = from;
+  while (i < s.length && w + charW(s[i]) <= budget) w += charW(s[i++]);
+  return s.slice(from, i);
+}
+
+/** The part of `label` (a glyph character counts GLYPH_CHARS) drawn in `room` characters: the whole label
+ * when it fits; else its start, cut with "…", when the place where it departs from its siblings (`diff`)
+ * shows with some text after it; else "…" and the text from just before that place. */
+export function fitLabel(label, diff, room) {
+  const s = visible(label);
+  const total = width(s);
+  if (total <= room) return s;
+  const d = Math.min(diff || 0, s.length);
+  if (width(s, 0, d) + 6 <= room - 1) return take(s, 0, room - 1) + "…";
+  let start = Math.max(1, d - 3); // a little of what comes before the departure, for context
+  let tail = width(s, start);
+  while (start > 1 && tail + charW(s[start - 1]) <= room - 1) tail += charW(s[--start]); // near the end: more before
+  return tail <= room - 1 ? "…" + s.slice(start) : "…" + take(s, start, room - 2) + "…";
+}
+
+/** Put `s` into the SVG text element `t`: plain runs as text, each glyph character as a role chip (a small
+ * letter in a rounded coloured blob: its stroke drawn under its fill). */
+function setLabel(t, s) {
+  if (t.__label === s) return;
+  t.__label = s;
+  t.replaceChildren();
+  let run = "";
+  const flush = () => {
+    if (run) t.appendChild(document.createTextNode(run));
+    run = "";
+  };
+  for (const ch of s) {
+    const g = GLYPHS[ch];
+    if (!g) {
+      run += ch;
+      continue;
+    }
+    run += GLYPH_PAD;
+    flush();
+    const span = svgEl("tspan", { class: `role ${g[0]}` }, t);
+    span.textContent = g[1];
+    run = GLYPH_PAD;
+  }
+  flush();
+}
+
+/** Raw text with its chat-template markers read out (for tooltips). */
+function plainLabel(s) {
+  let out = "";
+  for (const ch of String(s ?? "")) out += GLYPHS[ch] ? `[${GLYPHS[ch][2]}]` : ch;
+  return out;
 }
 
 function plural(n, word) {
@@ -166,19 +317,17 @@ function createTreeView(container, options) {
   const head = htmlEl("div", "sgnb-rt-head", root);
   const sum = htmlEl("span", "sgnb-rt-sum", head);
   const legend = htmlEl("span", "sgnb-rt-legend", head);
-  for (const [label, fill, stroke] of [["new", "#d3f4d1", "#1f9d3a"], ["hit", "#d5e5ff", "#2764d8"],
-    ["evicted", "#ffd8d3", "#d93025"]]) {
+  for (const [cls, label] of [["new", "new"], ["hit", "hit"], ["evicted", "evicted"], ["locked", "in use (locked)"]]) {
     const item = htmlEl("span", null, legend);
-    const sw = htmlEl("i", null, item);
-    sw.style.background = fill;
-    sw.style.borderColor = stroke;
+    htmlEl("i", cls, item);
     htmlEl("span", null, item, label);
   }
-  const inUse = htmlEl("span", null, legend);
-  const lockSwatch = htmlEl("i", null, inUse);
-  lockSwatch.style.borderWidth = "2.5px";
-  lockSwatch.style.borderColor = "#444";
-  htmlEl("span", null, inUse, "in use (locked)");
+  const heat = htmlEl("span", "heat-legend", legend);
+  heat.title = "a node with no live change is shaded by its cumulative hits";
+  htmlEl("span", null, heat, "hits");
+  const ramp = htmlEl("span", "heat", heat);
+  for (let k = 1; k <= HEAT_LEVELS; k++) htmlEl("i", `h${k}`, ramp);
+  const heatTop = htmlEl("span", null, heat, "");
   const ctl = htmlEl("span", "sgnb-rt-ctl", head);
   if (opts.controls === false) ctl.style.display = "none";
   const scroll = htmlEl("div", "sgnb-rt-scroll", root);
@@ -188,13 +337,17 @@ function createTreeView(container, options) {
   const empty = htmlEl("div", "sgnb-rt-empty", scroll, "");
   const details = htmlEl("div", "sgnb-rt-details", root);
   const view = {
-    container, root, sum, scroll, svg, edges, layer, empty, details,
+    container, root, sum, heatTop, scroll, svg, edges, layer, empty, details,
     els: new Map(), state: { nodes: [] }, callbacks: {}, frame: 0,
     localCollapsed: null, localSelected: undefined,
-    fit: !!opts.fit, follow: !!opts.follow, followed: null, shape: "", width: 0, resize: null,
+    fit: !!opts.fit, follow: !!opts.follow, zoom: !!opts.zoom, followed: null, shape: "", width: 0, resize: null,
   };
   toggle(ctl, "fit", "fit width", view.fit, (on) => {
     view.fit = on;
+    schedule(view);
+  });
+  toggle(ctl, "zoom", "zoom to fit", view.zoom, (on) => {
+    view.zoom = on;
     schedule(view);
   });
   toggle(ctl, "follow", "follow newest", view.follow, (on) => {
@@ -205,7 +358,7 @@ function createTreeView(container, options) {
   if (typeof ResizeObserver === "function") {
     // the outline is cut to the box's width: draw again when it changes (a panel resized, a scrollbar came)
     view.resize = new ResizeObserver(() => {
-      if (view.fit && scroll.clientWidth !== view.width) schedule(view);
+      if ((view.fit || view.zoom) && scroll.clientWidth !== view.width) schedule(view);
     });
     view.resize.observe(scroll);
   }
@@ -291,7 +444,8 @@ function childrenOf(rows) {
   return { kids, rootRow };
 }
 
-/** Positions: x by depth, y by leaf order, a parent centred on its children. Folded subtrees are skipped. */
+/** Positions: x by depth, y by leaf order, a parent level with its first child (so the root is always at the
+ * top left, in view), "+N" groups after their shown siblings. Folded subtrees are skipped. */
 function layoutTree(rows, collapsed) {
   const { kids, rootRow } = childrenOf(rows);
   const pos = new Map();
@@ -302,20 +456,15 @@ function layoutTree(rows, collapsed) {
   const stack = [[rootRow, 0, false]];
   while (stack.length) {
     const [row, depth, done] = stack.pop();
-    const children = collapsed.has(row.id) ? [] : (kids.get(row.id) || []);
+    const all = collapsed.has(row.id) ? [] : (kids.get(row.id) || []);
+    const children = all.some((c) => c.group) ? [...all.filter((c) => !c.group), ...all.filter((c) => c.group)] : all;
     if (!done && children.length) {
       stack.push([row, depth, true]);
       for (let i = children.length - 1; i >= 0; i--) stack.push([children[i], depth + 1, false]);
       continue;
     }
     maxDepth = Math.max(maxDepth, depth);
-    let y;
-    if (children.length) {
-      const ys = children.map((c) => pos.get(c.id).y);
-      y = (Math.min(...ys) + Math.max(...ys)) / 2;
-    } else {
-      y = slot++;
-    }
+    const y = children.length ? pos.get(children[0].id).y : slot++;
     pos.set(row.id, { x: depth, y, row });
   }
   return { pos, depth: maxDepth, slots: slot };
@@ -369,15 +518,15 @@ function arrange(rows, collapsed, fit, avail) {
   const indent = Math.max(INDENT_MIN, Math.min(INDENT_MAX,
     Math.floor((room - OUTLINE_MIN_BOX_W) / Math.max(out.depth, 1))));
   const boxes = new Map();
-  let width = 0;
+  let widest = 0;
   for (const [id, p] of out.pos) {
     const px = 6 + p.x * indent;
     const w = Math.max(OUTLINE_MIN_BOX_W, 6 + room - px);
     boxes.set(id, { px, py: 4 + p.y * OUTLINE_ROW_H, w, p });
-    width = Math.max(width, px + w + 6);
+    widest = Math.max(widest, px + w + 6);
   }
   return {
-    mode: "outline", boxes, width, // = avail, unless the deepest boxes hit their minimum width
+    mode: "outline", boxes, width: widest, // = avail, unless the deepest boxes hit their minimum width
     height: Math.max(out.slots, 1) * OUTLINE_ROW_H + 8,
     edge(a, b) {
       const x = a.px + Math.floor(indent / 2); // a vertical from under the parent, then across to the child
@@ -393,11 +542,11 @@ function nodeElements(view, id) {
   const title = svgEl("title", {}, g);
   const rect = svgEl("rect", { class: "box", width: BOX_W, height: BOX_H }, g);
   const chips = svgEl("g", { class: "chips" }, g);
-  const t1 = svgEl("text", { x: 7, y: 15 }, g);
+  const t1 = svgEl("text", { class: "main", x: 7, y: 15 }, g);
   const t2 = svgEl("text", { class: "sub", x: 7, y: 29 }, g);
   const lock = svgEl("g", { class: "lock" }, g);
-  svgEl("path", { d: "M2.5,5 V3.5 a3,3 0 0 1 6,0 V5", fill: "none", stroke: "#444", "stroke-width": 1.4 }, lock);
-  svgEl("rect", { x: 0.5, y: 5, width: 10, height: 7.5, rx: 1.5, fill: "#444" }, lock);
+  svgEl("path", { d: "M2.5,5 V3.5 a3,3 0 0 1 6,0 V5" }, lock);
+  svgEl("rect", { x: 0.5, y: 5, width: 10, height: 7.5, rx: 1.5 }, lock);
   const fold = svgEl("g", {}, g);
   svgEl("circle", { class: "fold", r: 7 }, fold);
   const foldMark = svgEl("text", { class: "foldmark", x: -3.5, y: 4 }, fold);
@@ -475,12 +624,28 @@ function subLine(row, folded, chars) {
     long.push(plural(row.rids, "req"));
     short.push(`${row.rids}r`);
   }
+  if (row.state === "evicted") {
+    long.push("evicted");
+    short.push("evicted");
+  }
   if (folded) {
     long.push(`+${row.hidden ?? "…"} folded`);
     short.push(`+${row.hidden ?? "…"}`);
   }
   const text = long.join(" · ");
   return { text: text.length <= chars ? text : shortText(short.join(" "), chars), full: long };
+}
+
+/** A group row's two lines: "+N more like these" when its hidden children all have the shape of siblings
+ * drawn beside them (e.g. hundreds of leaves), else "+N nodes". */
+function groupLines(row) {
+  const like = row.like_shown && row.shapes === 1;
+  const kind = row.leaves === row.children ? (row.children === 1 ? "leaf" : "leaves")
+    : (row.children === 1 ? "branch" : "branches");
+  const first = like ? `+${row.children} more ${kind} like these` : `+${plural(row.count, "node")}`;
+  const second = like && row.count !== row.children ? `${plural(row.count, "node")} · ${row.tokens} tok`
+    : `${row.tokens} tok in ${plural(row.children, "branch")}`;
+  return [first, second];
 }
 
 /** Scroll `scroll` so that the box at (x, y, w, h) is in view: centred vertically when it was not, and its
@@ -494,17 +659,33 @@ function reveal(scroll, x, y, w, h) {
   }
 }
 
+function zoomFor(view, plan) {
+  if (!view.zoom) return 1;
+  const W = view.scroll.clientWidth;
+  const maxH = parseFloat(getComputedStyle(view.scroll).maxHeight);
+  const H = Number.isFinite(maxH) && maxH > 0 ? maxH - 2 : 460;
+  if (!(W > 0)) return 1;
+  return Math.max(MIN_ZOOM, Math.min(1, W / plan.width, H / plan.height));
+}
+
 function renderTree(view) {
   const state = view.state || {};
+  const summary = state.summary || {};
   const rows = Array.isArray(state.nodes) ? state.nodes : [];
   const collapsed = collapsedSet(view);
   const selected = selectedId(view);
   view.width = view.scroll.clientWidth;
   const plan = arrange(rows, collapsed, view.fit, view.width);
   const outline = plan.mode === "outline";
-  view.svg.setAttribute("width", String(plan.width));
-  view.svg.setAttribute("height", String(plan.height));
+  const scale = zoomFor(view, plan);
+  view.svg.setAttribute("viewBox", `0 0 ${plan.width} ${plan.height}`);
+  view.svg.setAttribute("width", String(Math.round(plan.width * scale)));
+  view.svg.setAttribute("height", String(Math.round(plan.height * scale)));
   view.root.dataset.layout = plan.mode;
+  view.root.dataset.zoom = String(Math.round(scale * 100) / 100);
+  // live: a node just inserted or hit (evicted ones stay drawn for long: they do not mute the heat)
+  const live = rows.some((r) => !r.group && (r.state === "new" || r.state === "hit"));
+  view.root.dataset.live = live ? "1" : "0";
   view.root.classList.toggle("following", view.follow);
   view.empty.textContent = rows.length ? "" : "(the radix tree is empty)";
   view.empty.style.display = rows.length ? "none" : "block";
@@ -531,6 +712,7 @@ function renderTree(view) {
     e.g.setAttribute("transform", `translate(${px},${py})`);
     const cls = ["sgnb-rt-node"];
     if (row.state) cls.push(row.state);
+    else if (row.heat > 0) cls.push(`heat-${Math.min(HEAT_LEVELS, row.heat)}`);
     if (row.locked) cls.push("locked");
     if (row.group) cls.push("group");
     if (row.parent === null || row.parent === undefined) cls.push("root");
@@ -549,18 +731,21 @@ function renderTree(view) {
     const chipChars = Math.ceil((textX - 7) / CHAR_W);
     const room = (outline ? Math.floor((w - 14 - 18) / CHAR_W) : LABEL_CHARS) - chipChars;
     if (row.group) {
-      e.t1.textContent = shortText(`+${plural(row.count, "node")}`, room + 4);
-      e.t2.textContent = shortText(`${row.tokens} tok in ${plural(row.children, "branch")}`, room + 4);
-      e.title.textContent = `${row.count} nodes hidden (${row.new} new, ${row.hit} hit, ${row.evicted} evicted): click to show`;
+      const [first, second] = groupLines(row);
+      setLabel(e.t1, shortText(first, room + 4));
+      e.t2.textContent = shortText(second, room + 4);
+      e.title.textContent = `${first}: ${row.count} nodes hidden (${row.new} new, ${row.hit} hit, `
+        + `${row.evicted} evicted); click to show them`;
       e.lock.style.display = "none";
       e.fold.style.display = "none";
     } else {
       const isRoot = row.parent === null || row.parent === undefined;
-      e.t1.textContent = isRoot ? "root" : shortText(row.text, room);
+      setLabel(e.t1, isRoot ? "root" : fitLabel(row.label ?? row.text ?? "", row.diff || 0, room));
       const sub = subLine(row, !!row.collapsed || collapsed.has(row.id), outline || media.length ? room : 99);
       e.t2.textContent = sub.text;
       const held = media.map((m) => `\n${mediaLabel(m)}`).join("");
-      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")})${held}`;
+      const heat = row.heat && summary.max_hits ? `; heat ${row.heat}/${HEAT_LEVELS} of ${summary.max_hits} hits` : "";
+      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")}${heat})${held}`;
       e.lock.style.display = row.locked ? "" : "none";
       const foldable = (row.kids || 0) > 0 || collapsed.has(row.id);
       e.fold.style.display = foldable ? "" : "none";
@@ -576,27 +761,29 @@ function renderTree(view) {
       view.els.delete(id);
     }
   }
-  renderSummary(view, state.summary || {}, rows);
+  renderSummary(view, summary, rows);
   renderDetails(view, rows, selected, state.details || {});
   // follow: a newer node, or the same one moved by a new layout (fit toggled, the box resized)
-  const shape = `${plan.mode} ${plan.width}`;
+  const shape = `${plan.mode} ${plan.width} ${scale}`;
   if (view.follow && newest !== null && (newest.id !== view.followed || shape !== view.shape)) {
     const b = plan.boxes.get(newest.id);
-    reveal(view.scroll, b.px, b.py, b.w, BOX_H);
+    reveal(view.scroll, b.px * scale, b.py * scale, b.w * scale, BOX_H * scale);
     view.followed = newest.id;
   }
   view.shape = shape;
 }
 
 function renderSummary(view, s, rows) {
-  const nodes = s.nodes ?? rows.filter((r) => !r.group).length;
+  const nodes = s.nodes ?? rows.filter((r) => !r.group && r.state !== "evicted").length;
   const parts = [`${plural(Math.max(nodes - 1, 0), "node")} below the root`, `${s.tokens ?? 0} tokens cached`];
   if (s.locked) parts.push(`${s.locked} in use`);
   if (s.groups) parts.push(`showing ${s.shown} (+${s.groups} groups)`);
-  if (s.evicting) parts.push(`${s.evicting} evicted`);
+  const evicted = Math.max(s.evicted_total ?? 0, s.evicting ?? 0);
+  if (evicted) parts.push(`${evicted} evicted${s.evicting ? ` (${s.evicting} drawn)` : ""}`);
   if (s.queued) parts.push(`${s.queued} queued`);
-  if (s.finished !== undefined) parts.push(`${s.finished} requests done`);
+  if (s.finished !== undefined) parts.push(plural(s.finished, "request") + " done");
   view.sum.textContent = parts.join(" · ");
+  view.heatTop.textContent = s.max_hits ? `1–${s.max_hits}` : "";
 }
 
 /** The text above `row` from the rows' own (maybe cut) labels: a fallback when Python sent no details. */
@@ -626,6 +813,15 @@ function renderDetails(view, rows, selected, details) {
   const st = d ? d.state : row.state;
   if (st) head.push(st);
   htmlEl("div", null, box, head.join(" · ")).style.fontWeight = "600";
+  const label = row ? String(row.label ?? "") : "";
+  const roles = [...new Set([...label].filter((ch) => GLYPHS[ch]))];
+  if (roles.length) {
+    const strip = htmlEl("div", "roles", box);
+    for (const ch of roles) {
+      htmlEl("span", `role ${GLYPHS[ch][0]}`, strip, GLYPHS[ch][1]);
+      htmlEl("span", null, strip, GLYPHS[ch][2]);
+    }
+  }
   const media = d && Array.isArray(d.media) && d.media.length ? d.media : (row && Array.isArray(row.media) ? row.media : []);
   if (media.length) {
     const strip = htmlEl("div", "sgnb-rt-media", box);
@@ -643,7 +839,7 @@ function renderDetails(view, rows, selected, details) {
   const pre = htmlEl("pre", null, box);
   if (d && d.prefix) htmlEl("span", "prefix", pre, (d.prefix_truncated ? "…" : "") + d.prefix);
   else if (!d && row) htmlEl("span", "prefix", pre, pathText(rows, row));
-  htmlEl("span", "own", pre, d ? d.text : String(row.text ?? ""));
+  htmlEl("span", "own", pre, d ? d.text : plainLabel(row.text));
   const rids = d ? d.rids : null;
   const n = d ? d.n_rids : row.rids;
   const who = htmlEl("div", null, box);

@@ -25,6 +25,7 @@ declare module '@sgnb/widgets/radix_tree_draw.js' {
   export interface ITreeOptions {
     fit?: boolean;
     follow?: boolean;
+    zoom?: boolean;
     controls?: boolean;
   }
 }

@@ -3,6 +3,8 @@
 - Runtime: the in-process engine.
 - RuntimeEndpoint: SGLang's native HTTP API (`sgnb serve`, an SGLang server or router).
 - OpenAI / Anthropic: the official clients (OpenAI also fits any OpenAI-compatible server).
+- LiteLLM (many hosted chat APIs through litellm) and Crusoe (its OpenAI-compatible API), as in SGLang;
+  VertexAI only says what to use instead.
 
 `import sgnb.backends` is cheap: the HTTP backends (and requests / openai / anthropic) load on first use.
 """
@@ -17,17 +19,23 @@ from sgnb.backends.runtime import Runtime
 
 if TYPE_CHECKING:
     from sgnb.backends.anthropic import Anthropic
+    from sgnb.backends.crusoe import Crusoe
     from sgnb.backends.endpoint import RuntimeEndpoint
+    from sgnb.backends.litellm import LiteLLM
     from sgnb.backends.openai import OpenAI
+    from sgnb.backends.vertexai import VertexAI
 
 _LAZY = {
     "RuntimeEndpoint": "sgnb.backends.endpoint",
     "OpenAI": "sgnb.backends.openai",
     "Anthropic": "sgnb.backends.anthropic",
+    "LiteLLM": "sgnb.backends.litellm",
+    "Crusoe": "sgnb.backends.crusoe",
+    "VertexAI": "sgnb.backends.vertexai",
 }
 
-__all__ = ["Anthropic", "Backend", "BackendError", "ChoiceDecision", "GenContext", "OpenAI", "Runtime",
-           "RuntimeEndpoint"]
+__all__ = ["Anthropic", "Backend", "BackendError", "ChoiceDecision", "Crusoe", "GenContext", "LiteLLM", "OpenAI",
+           "Runtime", "RuntimeEndpoint", "VertexAI"]
 
 
 def __getattr__(name: str) -> Any:

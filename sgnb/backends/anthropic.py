@@ -14,24 +14,24 @@ PNG, GIF and WebP (other images are sent as PNG) and no videos: video() fails at
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
+from sgnb.backends._api_common import Usage, api_errors, check_assistant_turn, check_one_sample, token_counts
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import PLAIN, ChatTemplate
 from sgnb.media import IMAGE_MARKER, Media, data_url, is_url, split_data_url, with_media_parts
-from sgnb.sampling import GenParams
+from sgnb.sampling import SAMPLING_DEFAULTS, SAMPLING_FIELDS, GenParams
 
 _DEFAULT_MAX_TOKENS = 1024
-# sampling values the Messages API knows, with its defaults (sent only when they differ: recent SDKs dropped
-# them from create()'s signature, so they travel in extra_body)
-_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-_UNSUPPORTED = ("regex", "json_schema", "ebnf", "stop_regex", "stop_token_ids", "min_p", "frequency_penalty",
-                "presence_penalty", "repetition_penalty", "min_new_tokens")
-_NEUTRAL = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-            "min_new_tokens": 0, "stop_token_ids": ()}
+# sampling values the Messages API knows besides max_tokens and stop (sent only when they differ from the
+# engine's defaults, which are the API's too: recent SDKs dropped them from create()'s signature, so they travel
+# in extra_body)
+_SAMPLING = ("temperature", "top_p", "top_k")
+# the others are refused unless at their defaults (ignore_eos: not refused, and not honoured)
+_UNSUPPORTED = tuple(name for name in SAMPLING_FIELDS
+                     if name not in (*_SAMPLING, "max_new_tokens", "stop", "n", "ignore_eos"))
 
 
 class Anthropic(Backend):
@@ -53,8 +53,7 @@ class Anthropic(Backend):
             raise BackendError(f"cannot create the Anthropic client: {e}") from e
         self.model = model
         self._template = chat_template or PLAIN
-        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        self._lock = threading.Lock()
+        self.usage = Usage()
 
     def get_model_name(self) -> str:
         return self.model
@@ -66,32 +65,19 @@ class Anthropic(Backend):
         return {"backend": "Anthropic", "model": self.model, "base_url": str(self.client.base_url),
                 "usage": dict(self.usage)}
 
-    @contextmanager
-    def _api_errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except self._anthropic.APIStatusError as e:
-            raise BackendError(f"{what} failed: HTTP {e.status_code}: {_status_message(e)}") from e
-        except self._anthropic.AnthropicError as e:
-            raise BackendError(f"{what} failed: {e}") from e
+    def _api_errors(self, what: str) -> AbstractContextManager[None]:
+        return api_errors(what, self._anthropic.APIStatusError, self._anthropic.AnthropicError)
 
     def _count(self, usage: Any) -> None:
-        with self._lock:
-            self.usage["calls"] += 1
-            if usage is not None:
-                self.usage["prompt_tokens"] += usage.input_tokens or 0
-                self.usage["completion_tokens"] += usage.output_tokens or 0
+        self.usage.add({"calls": 1, **token_counts(usage, "input_tokens", "output_tokens")})
 
     def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
         """messages.create() arguments: system text apart, the rest as alternating user/assistant turns."""
-        if ctx.in_role not in (None, "assistant"):
-            raise BackendError(f"a chat model writes assistant turns only, but this gen is inside {ctx.in_role!r}: "
-                               "put it inside assistant(...)")
-        if params.n not in (None, 1):
-            raise BackendError("n > 1 is not supported on the Anthropic backend: fork the program instead")
+        check_assistant_turn(ctx)
+        check_one_sample(params, "Anthropic")
         for name in _UNSUPPORTED:
             value = getattr(params, name)
-            if value is not None and value != _NEUTRAL.get(name):
+            if value is not None and value != SAMPLING_DEFAULTS[name]:
                 raise BackendError(f"{name} is not available on the Anthropic API")
         system = [m["content"] for m in ctx.messages if m["role"] == "system"]
         messages = [{"role": m["role"], "content": m["content"]} for m in ctx.messages if m["role"] != "system"]
@@ -118,8 +104,8 @@ class Anthropic(Backend):
             kw["system"] = "\n\n".join(system)
         if params.stop:
             kw["stop_sequences"] = list(params.stop)
-        extra = {k: getattr(params, k) for k, default in _SAMPLING.items()
-                 if getattr(params, k) is not None and getattr(params, k) != default}
+        extra = {k: getattr(params, k) for k in _SAMPLING
+                 if getattr(params, k) is not None and getattr(params, k) != SAMPLING_DEFAULTS[k]}
         if extra.get("top_k", 1) <= 0:
             extra.pop("top_k", None)
         if extra:
@@ -171,12 +157,3 @@ def _meta(msg: Any) -> dict[str, Any]:
     if msg.usage is not None:
         meta.update(prompt_tokens=msg.usage.input_tokens, completion_tokens=msg.usage.output_tokens)
     return meta
-
-
-def _status_message(e: Any) -> str:
-    body = getattr(e, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return str(getattr(e, "message", e))

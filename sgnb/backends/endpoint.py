@@ -24,13 +24,12 @@ from typing import Any
 
 import requests
 
+from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
-from sgnb.engine.scoring import check_choices, choice_rows, decide, start_len
+from sgnb.engine.scoring import start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
-from sgnb.sampling import GenParams
-
-_REPORTING = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+from sgnb.sampling import REPORTING, GenParams
 
 
 class RuntimeEndpoint(Backend):
@@ -141,7 +140,7 @@ class RuntimeEndpoint(Backend):
 
     def _payload(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
         data: dict[str, Any] = {"text": ctx.text, "sampling_params": params.sampling_dict(), "rid": ctx.rid}
-        for key in _REPORTING:
+        for key in REPORTING:
             value = getattr(params, key)
             if value is not None:
                 data[key] = value
@@ -186,37 +185,34 @@ class RuntimeEndpoint(Backend):
         """As SGLang's RuntimeEndpoint.select (engine/scoring.py has the method): the prefix's token count from the
         server, then one batched /generate of prefix + each choice with logprob_start_len = max(prompt_len - 2, 0)
         (and, for unconditional_likelihood_normalized, one of each choice's scored tokens alone)."""
-        check_choices(choices, choices_method)
-        if not ctx.text:
-            raise BackendError("select needs a non-empty prefix to score choices against")
-        media = _media_fields(ctx.images)
-        head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **media})
-        start = start_len(int(head["meta_info"]["prompt_tokens"]))  # image tokens counted: the server's positions
-        # a batch takes one image_data (video_data) entry per prompt: every prompt holds the prefix's media
-        per_prompt = {k: [v] * len(choices) for k, v in media.items()}
-        outs = self._generate({"text": [ctx.text + c for c in choices],
-                               "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-                               "return_logprob": True, "logprob_start_len": start,
-                               "return_text_in_logprobs": True, **per_prompt})
-        try:
-            rows, normalized = choice_rows(ctx.text, [_entries(o) for o in outs], choices)
-        except ValueError as e:
-            raise BackendError(str(e)) from None
-        uncond = None
-        if choices_method == "unconditional_likelihood_normalized":
+        outs: list[dict[str, Any]] = []
+
+        def conditional() -> list[list[tuple]]:
+            media = _media_fields(ctx.images)
+            head = self._generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}, **media})
+            start = start_len(int(head["meta_info"]["prompt_tokens"]))  # as the server counts (images too)
+            # a batch takes one image_data (video_data) entry per prompt: every prompt holds the prefix's media
+            per_prompt = {k: [v] * len(choices) for k, v in media.items()}
+            outs.extend(self._generate({"text": [ctx.text + c for c in choices],
+                                        "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                                        "return_logprob": True, "logprob_start_len": start,
+                                        "return_text_in_logprobs": True, **per_prompt}))
+            return [_entries(o) for o in outs]
+
+        def unconditional(rows: list[list[tuple]]) -> list[list[tuple]]:
             alone = self._generate({"input_ids": [[e[1] for e in row] for row in rows],
                                     "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
                                     "logprob_start_len": 0, "return_text_in_logprobs": True})
-            uncond = [_entries(o) for o in alone]
-        index, meta = decide(choices_method, normalized, rows, uncond)
-        meta.update({
+            return [_entries(o) for o in alone]
+
+        decision = select_by_logprobs(ctx, choices, choices_method, conditional, unconditional)
+        decision.meta_info.update({
             "output_token_logprobs": [[tuple(e) for e in o["meta_info"].get("output_token_logprobs") or []]
                                       for o in outs],
             "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
             "prompt_tokens": sum(o["meta_info"].get("prompt_tokens", 0) for o in outs),
-            "choices": list(choices),
         })
-        return ChoiceDecision(choices[index], meta)
+        return decision
 
     def abort(self, rid: str) -> None:
         try:

@@ -24,26 +24,29 @@ programs and forks never share it. `backend.usage` counts calls and tokens (thre
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
+from sgnb.backends._api_common import Usage, api_errors, check_assistant_turn, check_one_sample, token_counts
+from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
-from sgnb.engine.scoring import check_choices, choice_rows, decide, start_len
+from sgnb.engine.scoring import start_len
 from sgnb.media import IMAGE_MARKER, VIDEO_MARKER, Media, data_url, with_media_parts
-from sgnb.sampling import GenParams
+from sgnb.sampling import OPENAI_NAMES, OPENAI_STANDARD, SAMPLING_DEFAULTS, SAMPLING_FIELDS, GenParams
 
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 
-# SGLang sampling values that OpenAI's API lacks, with their neutral values (sent to other servers via
-# extra_body only when they differ from neutral); the key is the name OpenAI-compatible servers use
-_SOFT_EXTRAS = {"top_k": ("top_k", -1), "min_p": ("min_p", 0.0), "repetition_penalty": ("repetition_penalty", 1.0),
-                "min_new_tokens": ("min_tokens", 0), "ignore_eos": ("ignore_eos", False),
-                "stop_token_ids": ("stop_token_ids", ())}
+# create() arguments as they are (max tokens, n and stop have their own rules)
+_DIRECT = tuple(name for name in OPENAI_STANDARD if name not in ("max_new_tokens", "n", "stop"))
+# constrained decoding: other servers take it in extra_body, OpenAI refuses it (json_schema has its own rule)
 _CONSTRAINTS = ("regex", "ebnf", "stop_regex")
+# SGLang's other sampling values, which OpenAI's API lacks: sent to other servers in extra_body (by their OpenAI
+# names) when they differ from the engine's defaults, ignored with a warning on OpenAI
+_SOFT_EXTRAS = tuple(name for name in SAMPLING_FIELDS
+                     if name not in (*OPENAI_STANDARD, *_CONSTRAINTS, "json_schema"))
 _SPEC_KEY = "openai_spec"
 _USAGE_KEY = "openai_usage"
 
@@ -62,6 +65,7 @@ class OpenAI(Backend):
     """
 
     fetches_urls = True  # image URLs go to the API as they are
+    api_name = "OpenAI"  # whose API refuses what it lacks (see is_openai), in messages
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
                  is_chat_model: bool | None = None, chat_template: ChatTemplate | str | None = None,
@@ -72,18 +76,23 @@ class OpenAI(Backend):
         if base_url is not None:
             client_kwargs["base_url"] = base_url
         try:
-            self.client = openai.OpenAI(api_key=api_key, **client_kwargs)
+            self.client = self._make_client(api_key, client_kwargs)
         except openai.OpenAIError as e:
-            raise BackendError(f"cannot create the OpenAI client: {e}") from e
+            raise BackendError(f"cannot create the {self.api_name} client: {e}") from e
         self.model = model
         self.is_chat_model = guess_is_chat_model(model) if is_chat_model is None else bool(is_chat_model)
+        # OpenAI's own API (not an OpenAI-compatible server): SGLang's extras are ignored, constraints refused
         self.is_openai = "api.openai.com" in str(self.client.base_url)
         if isinstance(chat_template, str):
             chat_template = NAMED[chat_template]
         self._template = chat_template or template_for_model_name(model)
-        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "spec_hits": 0}
-        self._lock = threading.Lock()
+        self.usage = Usage("spec_hits")
         self._warned: set[str] = set()
+
+    def _make_client(self, api_key: str | None, client_kwargs: dict[str, Any]) -> Any:
+        """What the calls go through: `client.chat.completions.create` and `client.completions.create`, as
+        openai.OpenAI's (which it is here)."""
+        return self._openai.OpenAI(api_key=api_key, **client_kwargs)
 
     def get_model_name(self) -> str:
         return self.model
@@ -106,26 +115,16 @@ class OpenAI(Backend):
         return super().media_token(media)
 
     def get_server_info(self) -> dict[str, Any]:
-        return {"backend": "OpenAI", "model": self.model, "base_url": str(self.client.base_url),
+        return {"backend": type(self).__name__, "model": self.model, "base_url": str(self.client.base_url),
                 "is_chat_model": self.is_chat_model, "usage": dict(self.usage)}
 
     # ---- calls and accounting ----------------------------------------------------------------------------
-    @contextmanager
-    def _api_errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except self._openai.APIStatusError as e:
-            raise BackendError(f"{what} failed: HTTP {e.status_code}: {_status_message(e)}") from e
-        except self._openai.OpenAIError as e:
-            raise BackendError(f"{what} failed: {e}") from e
+    def _api_errors(self, what: str) -> AbstractContextManager[None]:
+        return api_errors(what, self._openai.APIStatusError, self._openai.OpenAIError)
 
     def _count(self, ctx: GenContext | None, usage: Any, calls: int = 1, spec_hits: int = 0) -> None:
-        add = {"calls": calls, "spec_hits": spec_hits,
-               "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
-               "completion_tokens": getattr(usage, "completion_tokens", 0) or 0}
-        with self._lock:
-            for k, v in add.items():
-                self.usage[k] += v
+        add = {"calls": calls, "spec_hits": spec_hits, **token_counts(usage)}
+        self.usage.add(add)
         if ctx is not None:
             mine = ctx.program.setdefault(_USAGE_KEY, dict.fromkeys(self.usage, 0))
             for k, v in add.items():
@@ -140,32 +139,31 @@ class OpenAI(Backend):
     # ---- parameters --------------------------------------------------------------------------------------
     def _kwargs(self, params: GenParams) -> dict[str, Any]:
         """create() arguments for a gen; refuses what this endpoint cannot honour."""
-        if params.n not in (None, 1):
-            raise BackendError("n > 1 is not supported on the OpenAI backend: fork the program instead")
+        check_one_sample(params, self.api_name)
         kw: dict[str, Any] = {}
         if params.max_new_tokens is not None:
-            kw["max_completion_tokens" if self.is_chat_model and self.is_openai else "max_tokens"] = \
-                params.max_new_tokens
+            kw[self._max_tokens_arg()] = params.max_new_tokens
         if params.stop:
             kw["stop"] = list(params.stop)
-        for name in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "seed"):
-            value = getattr(params, name, None)
+        for name in _DIRECT:
+            value = getattr(params, name, None)  # GenParams has no seed
             if value is not None:
                 kw[name] = value
         extra: dict[str, Any] = {}
-        for name, (wire, neutral) in _SOFT_EXTRAS.items():
+        for name in _SOFT_EXTRAS:
             value = getattr(params, name)
-            if value is not None and value != neutral:
+            if value is not None and value != SAMPLING_DEFAULTS[name]:
                 if self.is_openai:
-                    self._warn_once(name, f"{name}={value!r} is not an OpenAI API parameter; it is ignored")
+                    self._warn_once(name, f"{name}={value!r} is not a parameter of the {self.api_name} API; "
+                                          "it is ignored")
                 else:
-                    extra[wire] = list(value) if isinstance(value, tuple) else value
+                    extra[OPENAI_NAMES.get(name, name)] = list(value) if isinstance(value, tuple) else value
         for name in _CONSTRAINTS:
             value = getattr(params, name)
             if value is not None:
                 if self.is_openai:
-                    raise BackendError(f"{name} (constrained decoding) is not available on the OpenAI API; "
-                                       "use an sgnb/SGLang server (RuntimeEndpoint) for it")
+                    raise BackendError(f"{name} (constrained decoding) is not available on the {self.api_name} "
+                                       "API; use an sgnb/SGLang server (RuntimeEndpoint) for it")
                 extra[name] = list(value) if isinstance(value, tuple) else value
         if params.json_schema is not None:
             if self.is_chat_model:
@@ -180,15 +178,16 @@ class OpenAI(Backend):
             kw["extra_body"] = extra
         return kw
 
+    def _max_tokens_arg(self) -> str:
+        return "max_completion_tokens" if self.is_chat_model and self.is_openai else "max_tokens"
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=4)
 
     def _chat_messages(self, ctx: GenContext) -> list[dict[str, Any]]:
-        if ctx.in_role not in (None, "assistant"):
-            raise BackendError(f"a chat model writes assistant turns only, but this gen is inside {ctx.in_role!r}: "
-                               "put it inside assistant(...)")
+        check_assistant_turn(ctx)
         messages = [dict(m) for m in ctx.messages]
         if ctx.in_role == "assistant" and messages and messages[-1]["role"] == "assistant" \
                 and not messages[-1]["content"]:
@@ -301,26 +300,23 @@ class OpenAI(Backend):
         if self.is_chat_model:
             raise BackendError("select needs token logprobs of given text, which chat endpoints do not return; "
                                "use a completion model")
-        check_choices(choices, choices_method)
-        if not ctx.text:
-            raise BackendError("select needs a non-empty prefix to score choices against")
-        fulls = [ctx.text + c for c in choices]
-        echoed = self._echo_logprobs(ctx, [ctx.text, *fulls])
-        start = start_len(len(echoed[0]))
-        try:
-            rows, normalized = choice_rows(ctx.text, [[(lp, None, tok) for tok, lp, _ in e[start:]]
-                                                      for e in echoed[1:]], choices)
-        except ValueError as e:
-            raise BackendError(f"{e} (from the endpoint's echoed logprobs)") from None
-        uncond = None
-        if choices_method == "unconditional_likelihood_normalized":
+        fulls: list[str] = []  # prefix + each choice
+        echoed: list[list[tuple[str, float | None, int]]] = []
+
+        def conditional() -> list[list[tuple]]:
+            fulls.extend(ctx.text + c for c in choices)
+            echoed.extend(self._echo_logprobs(ctx, [ctx.text, *fulls]))
+            start = start_len(len(echoed[0]))
+            return [[(lp, None, tok) for tok, lp, _ in e[start:]] for e in echoed[1:]]
+
+        def unconditional(rows: list[list[tuple]]) -> list[list[tuple]]:
             # the text from each choice's first scored entry on (the token ids are not known here)
             cut = [e[len(e) - len(row)][2] for e, row in zip(echoed[1:], rows)]
             alone = self._echo_logprobs(ctx, [full[c:] for full, c in zip(fulls, cut)])
-            uncond = [[(lp, None, tok) for tok, lp, _ in e] for e in alone]
-        index, meta = decide(choices_method, normalized, rows, uncond)
-        meta["choices"] = list(choices)
-        return ChoiceDecision(choices[index], meta)
+            return [[(lp, None, tok) for tok, lp, _ in e] for e in alone]
+
+        return select_by_logprobs(ctx, choices, choices_method, conditional, unconditional,
+                                  " (from the endpoint's echoed logprobs)")
 
     def _echo_logprobs(self, ctx: GenContext, prompts: list[str]) -> list[list[tuple[str, float | None, int]]]:
         """Per prompt: (token text, logprob, start offset) of each of its tokens, echoed (the first token's
@@ -400,14 +396,3 @@ def _usage_meta(usage: Any) -> dict[str, Any]:
     cached = getattr(details, "cached_tokens", None) if details is not None else None
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "cached_tokens": cached or 0}
-
-
-def _status_message(e: Any) -> str:
-    body = getattr(e, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(body.get("message"), str):
-            return body["message"]
-    return str(getattr(e, "message", e))

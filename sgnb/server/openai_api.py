@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -17,26 +20,34 @@ from sgnb.server.media import _Media
 from sgnb.server.native_api import _Routes
 from sgnb.server.protocol import (
     _SSE_DONE,
+    BARE_CALL_START,
+    TOOL_CALL_OPEN,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     StreamOptions,
+    ToolPlan,
     _batch_kw,
+    _call_text,
     _chat_logprobs,
     _completion_logprobs,
     _engine_error,
     _finish,
+    _history_tool_calls,
     _json_body,
     _json_response,
     _n_of,
     _new_rid,
+    _parse_call,
     _raise_failed,
     _response_format,
     _sse,
+    _tool_plan,
+    _tools_prompt,
     _usage,
     _validate,
 )
-from sgnb.server.streaming import EventStream, _merge
+from sgnb.server.streaming import EventStream, _ClientGone, _merge, _unless_disconnected
 
 
 class OpenAIRoutes(_Routes):
@@ -125,18 +136,23 @@ class OpenAIRoutes(_Routes):
 
     async def chat_completions(self, request: Request) -> Response:
         req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
-        if (req.tools or req.functions) and req.tool_choice != "none":
-            raise APIError(400, "not supported yet: tools / function calling", param="tools")
+        if req.functions is not None or req.function_call is not None:
+            raise APIError(400, "not supported yet: functions / function_call (OpenAI's deprecated form): use "
+                                "tools and tool_choice", param="functions")
+        plan = _tool_plan(req.tools, req.tool_choice)
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         sp_extra = _response_format(req.response_format or {})
+        if plan is not None and (sp_extra or req.regex or req.ebnf or req.json_schema):
+            raise APIError(400, "not supported yet: response_format, regex, ebnf or json_schema together with "
+                                'tools (unless tool_choice is "none")', param="tool_choice")
 
         with _Media(self.engine) as media:
-            return await self._chat(request, req, sp_extra, media)
+            return await self._chat(request, req, sp_extra, media, plan)
 
     async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
-                    media: _Media) -> Response:
-        text, images, videos = self._render_chat(req.messages, media)
+                    media: _Media, plan: ToolPlan | None) -> Response:
+        text, images, videos = self._render_chat(req.messages, media, plan)
         mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
         input_ids = self.engine.tokenizer.encode(text)
         limit = min(self.engine.context_length, self.kv_total)
@@ -148,6 +164,8 @@ class OpenAIRoutes(_Routes):
         lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
                  "return_text_in_logprobs": True}
         meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
+        if plan is not None:
+            return await self._chat_tools(request, req, plan, text, input_ids, sp, base, lp_kw, mm, meta)
 
         if not req.stream:
             with self.inflight.track(ids):
@@ -201,11 +219,21 @@ class OpenAIRoutes(_Routes):
                 yield _sse({"error": {"message": err.message, "type": err.type, "code": err.status}})
             yield _SSE_DONE
 
-    def _render_chat(self, messages: list[dict[str, Any]], media: _Media) -> tuple[str, list[Any], list[Any]]:
+    def _render_chat(self, messages: list[dict[str, Any]], media: _Media,
+                     plan: ToolPlan | None = None) -> tuple[str, list[Any], list[Any]]:
         """The prompt text (the chat template over the messages) and its images and videos in order. A content
         list's text parts are joined by newlines; an image_url (video_url) part becomes the model's image (video)
-        token in its place, with nothing around it, so text + image + text reads back as it was split."""
+        token in its place, with nothing around it, so text + image + text reads back as it was split.
+
+        Tools: a chat template that renders tools gets the request's tools (unless tool_choice is "none"), past
+        assistant tool_calls (arguments parsed from JSON) and tool messages (with tool_call_id, and the called
+        function's name) as transformers passes them. Otherwise sgnb's fallback: the tools are described in the
+        system message (`_tools_prompt`), past calls are written into the assistant's content in sgnb's format
+        (<tool_call>...</tool_call>), and a tool result is a "tool" message if the template takes that role, else
+        a user message holding <tool_response>...</tool_response>."""
+        native, tool_role = self._tool_support
         rendered, images, videos = [], [], []
+        call_names: dict[Any, str] = {}
         for i, m in enumerate(messages):
             role = m.get("role")
             if role not in ("system", "developer", "user", "assistant", "tool"):
@@ -231,14 +259,158 @@ class OpenAIRoutes(_Routes):
                 content = ""
             elif not isinstance(content, str):
                 raise APIError(400, f"messages[{i}].content must be a string or a list of parts", param="messages")
-            msg = {"role": role, "content": content}
+            msg: dict[str, Any] = {"role": role, "content": content}
             if isinstance(m.get("name"), str):
                 msg["name"] = m["name"]
+            if role == "assistant" and m.get("tool_calls"):
+                calls = _history_tool_calls(m["tool_calls"], f"messages[{i}]")
+                call_names.update((c["id"], c["name"]) for c in calls if c["id"] is not None)
+                if native:
+                    msg["tool_calls"] = [{**({"id": c["id"]} if c["id"] is not None else {}), "type": "function",
+                                          "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                         for c in calls]
+                else:
+                    msg["content"] = "\n".join([content] * bool(content) + [_call_text(c) for c in calls])
+            elif role == "tool":
+                call_id = m.get("tool_call_id")
+                if native:
+                    if isinstance(call_id, str):
+                        msg["tool_call_id"] = call_id
+                    if "name" not in msg and isinstance(call_id, str) and call_id in call_names:
+                        msg["name"] = call_names[call_id]
+                elif not tool_role:
+                    msg = {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
             rendered.append(msg)
+        tools_kw: dict[str, Any] = {}
+        if plan is not None and native:
+            tools_kw = {"tools": plan.tools}
+        elif plan is not None:
+            described = _tools_prompt(plan.functions)
+            if rendered and rendered[0]["role"] == "system":
+                first = rendered[0]["content"]
+                rendered[0] = {**rendered[0], "content": f"{first}\n\n{described}" if first else described}
+            else:
+                rendered.insert(0, {"role": "system", "content": described})
         try:
-            return self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True), images, videos
+            text = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **tools_kw)
         except Exception as e:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
+        return text, images, videos
+
+    @cached_property
+    def _tool_support(self) -> tuple[bool, bool]:
+        """(whether the chat template renders tools, whether it renders a "tool" role message), by rendering
+        probes: a template that ignores `tools` (or fails on them) gets sgnb's fallback."""
+        tok = self.engine.tokenizer
+        mark = "sgnb_probe_3f9c1"
+        probe = {"type": "function", "function": {"name": mark, "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}
+        try:
+            native = mark in tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                                     tools=[probe])
+        except Exception:
+            native = False
+        try:
+            tool_role = mark in tok.apply_chat_template(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+                 {"role": "tool", "content": mark}], add_generation_prompt=True)
+        except Exception:
+            tool_role = False
+        return native, tool_role
+
+    # -- tool calls
+    async def _chat_tools(self, request: Request, req: ChatCompletionRequest, plan: ToolPlan, text: str,
+                          input_ids: list[int], sp: dict[str, Any], base: str, lp_kw: dict[str, Any],
+                          mm: dict[str, Any], meta: dict[str, Any]) -> Response:
+        """A chat completion that may call tools. "required" (or a named function): the reply opens with
+        <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas. "auto": text
+        that stops where a call opens (<tool_call>, or a bare {"name": ...} first thing), then continues as a
+        constrained call. One call per choice; a stream sends text as it comes and the call whole once decoded."""
+        samples = list(zip(split_samples(sp, req.n), sample_rids(base, req.n)))
+        ids = {base: [r for _, rid in samples for r in (rid, f"{rid}-call")]}
+        if plan.mode == "required":
+            calls = [{"prompt": text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
+                      **lp_kw, **mm} for s, r in samples]
+        else:
+            calls = [{"input_ids": input_ids, "sampling_params": plan.text_params(s), "rid": r, **lp_kw, **mm}
+                     for s, r in samples]
+        firsts = await self._start_streams(calls)
+        streams = [self._tool_sample(plan, text, first, s, r, lp_kw, mm) for first, (s, r) in zip(firsts, samples)]
+
+        if not req.stream:
+            with self.inflight.track(ids):
+                try:
+                    results = await _unless_disconnected(request, asyncio.gather(*(_collect(st) for st in streams)))
+                except (_ClientGone, APIError):
+                    raise
+                except Exception as e:
+                    raise _engine_error(e) from e
+            finals = [final for _, final in results]
+            _raise_failed(finals)
+            choices = [{"index": k, "message": _tool_message(content, final),
+                        "logprobs": _chat_logprobs(final) if req.logprobs else None, **_tool_finish(final)}
+                       for k, (content, final) in enumerate(results)]
+            return _json_response({**meta, "object": "chat.completion", "choices": choices,
+                                   "usage": _usage(finals, req.n)})
+
+        head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for k in range(len(streams))]
+
+        def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
+            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
+            if last and chunk.get("tool_calls"):
+                delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
+            return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
+                    **(_tool_finish(chunk) if last else {"finish_reason": None})}
+
+        return EventStream(self._openai_events(  # type: ignore[return-value]
+            streams, ids, {**meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options, req.n))
+
+    async def _tool_sample(self, plan: ToolPlan, text: str, first: AsyncIterator[dict], sp: dict[str, Any],
+                           rid: str, lp_kw: dict[str, Any], mm: dict[str, Any]) -> AsyncIterator[dict]:
+        """One choice as engine-like chunks: text chunks ("auto"), then a last chunk (it has "output_ids") whose
+        "tool_calls" holds the parsed call, or None when the reply is text (or a call cut short by max_tokens,
+        whose raw text is then the content)."""
+        pieces: list[str] = []
+        final: dict[str, Any] = {}
+        async with contextlib.aclosing(first) as chunks:  # type: ignore[type-var]
+            async for chunk in chunks:
+                if "output_ids" in chunk:
+                    final = chunk
+                    break
+                pieces.append(chunk["text"])
+                if plan.mode == "auto":
+                    yield chunk
+        if plan.mode == "required":
+            raw = "".join(pieces) + final["text"]
+            call = _parse_call(raw, plan)
+            yield {**final, "text": "" if call else raw, "tool_calls": [call] if call else None}
+            return
+        reason = final["meta_info"].get("finish_reason") or {}
+        matched = reason.get("matched") if reason.get("type") == "stop" else None
+        tagged = matched == TOOL_CALL_OPEN
+        bare = isinstance(matched, str) and not tagged and re.match(BARE_CALL_START, matched) is not None
+        if not (tagged or bare):
+            yield {**final, "tool_calls": None}
+            return
+        tail = final["text"]
+        if tagged and tail.endswith(TOOL_CALL_OPEN):  # no_stop_trim keeps the marker
+            tail = tail[: -len(TOOL_CALL_OPEN)]
+        elif bare and sp.get("no_stop_trim"):
+            tail = ""
+        content = "".join(pieces) + tail
+        used = final["meta_info"].get("completion_tokens", 0)
+        prompt = text + content + TOOL_CALL_OPEN + "\n" if tagged else text
+        try:
+            out = await self.engine.async_generate(
+                prompt=prompt, sampling_params=plan.call_params(sp, sp["max_new_tokens"] - used), rid=f"{rid}-call",
+                fit_to_context=False, **lp_kw, **mm)
+        except Exception as e:
+            raise _engine_error(e) from e
+        call = _parse_call(out["text"], plan)
+        raw = (TOOL_CALL_OPEN + "\n" if tagged else "") + out["text"]
+        yield {"text": tail if call else tail + raw, "meta_info": _joined_meta(final["meta_info"], out["meta_info"]),
+               "output_ids": list(final["output_ids"]) + list(out["output_ids"]), "tool_calls": [call] if call else None}
 
     @staticmethod
     def _media_part(part: dict[str, Any], kind: str, where: str, media: _Media, images: list[Any],
@@ -257,3 +429,35 @@ class OpenAIRoutes(_Routes):
             item = {"url": spec["url"], **({"num_frames": spec["num_frames"]} if "num_frames" in spec else {})}
             videos.append(media.item(item, "video", f"{where}.video_url"))
         return token
+
+
+async def _collect(stream: AsyncIterator[dict]) -> tuple[str, dict]:
+    """A choice's whole text and its last chunk."""
+    pieces, final = [], {}
+    async with contextlib.aclosing(stream) as chunks:  # type: ignore[type-var]
+        async for chunk in chunks:
+            pieces.append(chunk["text"])
+            if "output_ids" in chunk:
+                final = chunk
+    return "".join(pieces), final
+
+
+def _joined_meta(text: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    """meta_info of a reply decoded in two requests (text, then the constrained call after it)."""
+    out = {**call, "prompt_tokens": text["prompt_tokens"], "cached_tokens": text.get("cached_tokens", 0),
+           "completion_tokens": text.get("completion_tokens", 0) + call.get("completion_tokens", 0)}
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if text.get(key) is not None or call.get(key) is not None:
+            out[key] = list(text.get(key) or []) + list(call.get(key) or [])
+    return out
+
+
+def _tool_message(content: str, final: dict[str, Any]) -> dict[str, Any]:
+    calls = final.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content if content.strip() else None, "tool_calls": calls}
+
+
+def _tool_finish(final: dict[str, Any]) -> dict[str, Any]:
+    return {"finish_reason": "tool_calls", "matched_stop": None} if final.get("tool_calls") else _finish(final)

@@ -263,9 +263,9 @@ def test_events(clock: None) -> None:
     root = cache.root.id
     assert ev.take() == [("reset", {"root": root})]
 
-    cache.insert([1, 2, 3], slots(1, 2, 3))
+    cache.insert([1, 2, 3], slots(1, 2, 3), rid="r1")
     (a,) = cache.root.children.values()
-    assert ev.take() == [("insert", {"node": a.id, "parent": root, "tokens": 3})]
+    assert ev.take() == [("insert", {"node": a.id, "parent": root, "tokens": 3, "rid": "r1"})]
     assert cache.insert([1, 2, 3], slots(1, 2, 3)) == 3 and ev.take() == []  # nothing new: no event
 
     cache.insert([1, 2, 4], slots(7, 8, 4))
@@ -274,7 +274,7 @@ def test_events(clock: None) -> None:
     (b,) = [c for c in upper.children.values() if c is not a]
     assert ev.take() == [
         ("split", {"node": a.id, "upper": upper.id, "parent": root, "at": 2}),
-        ("insert", {"node": b.id, "parent": upper.id, "tokens": 1}),
+        ("insert", {"node": b.id, "parent": upper.id, "tokens": 1, "rid": None}),
     ]
 
     cache.inc_lock_ref(a)
@@ -357,8 +357,8 @@ class RadixMachine(RuleBasedStateMachine):
         for upper in (self.cache.nodes[i] for i in set(self.cache.nodes) - old):  # a split: upper keeps stats
             (lower,) = upper.children.values()
             assert lower.id in old and upper is m.last_node
-            assert (upper.lock_ref, upper.hit_count, upper.last_access) == (
-                lower.lock_ref, lower.hit_count, lower.last_access)
+            assert (upper.lock_ref, upper.hit_count, upper.last_access, upper.created, upper.last_hit) == (
+                lower.lock_ref, lower.hit_count, lower.last_access, lower.created, lower.last_hit)
         assert node_path(m.last_node) == tuple(key[:n])
         return m
 

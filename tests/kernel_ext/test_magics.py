@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import subprocess
 import sys
 import threading
@@ -45,6 +46,17 @@ def _idle(engine, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _last_arrow(shown: str) -> str:
+    """The code of the last line a traceback points at (`----> N code`)."""
+    arrows = [line for line in shown.splitlines() if line.lstrip().startswith("---->")]
+    assert arrows, shown
+    return arrows[-1].split(maxsplit=2)[2]
 
 
 def test_load_ext_imports_no_torch():
@@ -116,8 +128,12 @@ def shout(text):
     assert state.get_meta_info("answer")["completion_tokens"] <= 6
     ip.user_ns["SUFFIX"] = "?"  # the cell's function reads the user's current value
     assert ip.user_ns["shout"]("hi") == "HI?"
-    for name in ("gen", "system", "s", "__sgl_cell__"):
+    for name in ("s", "__sgl_cell__"):  # the cell's own names do not leak
         assert name not in ip.user_ns
+    import sgnb
+
+    # the primitives are in the namespace since %load_ext (for completion and Shift-Tab), as the language's own
+    assert ip.user_ns["gen"] is sgnb.gen and ip.user_ns["system"] is sgnb.system
     out = capsys.readouterr().out
     assert "answer = " in out  # the text display of a finished program (not in a notebook)
 
@@ -278,13 +294,18 @@ def test_interrupt_aborts_the_cells_requests(ip, shared, engine, body, running, 
     aborted = engine.get_stats()["requests_aborted"]
     thread = _interrupt_main_thread_when(engine, running)
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="interrupted: the cell's requests were aborted") as info:
         ip.run_cell_magic("sgl", line, body)
     thread.join()
     assert time.monotonic() - t0 < 30
     assert _idle(engine), engine.get_stats()
     assert engine.get_stats()["requests_aborted"] - aborted == running
-    assert "interrupted" in capsys.readouterr().err
+    # what the notebook shows: one short traceback at the cell's line that was running, the message once
+    shown = _plain("\n".join(info.value._render_traceback_()))
+    assert "state.py" not in shown and "interpreter.py" not in shown and "threading.py" not in shown, shown
+    assert shown.count("interrupted") == 1 and shown.count("Traceback") == 1, shown
+    assert _last_arrow(shown) in body.splitlines(), shown
+    assert ip.user_ns["_sgl"].executor.aborted  # the state reads "interrupted" (not an aborted request's error)
     # the engine serves the next cell
     ip.run_cell_magic("sgl", "--max-tokens 3 --no-widget", 's += "Next:"\ns += gen("z")\n')
     assert ip.user_ns["_sgl"].get_meta_info("z")["completion_tokens"] == 3
@@ -404,3 +425,125 @@ def test_cell_with_images_and_a_fork(ip, shared, capsys):
         ip.run_cell_magic("sgl", "--no-widget --backend shared_runtime", 's += image(picture) + gen("x")\n')
     session.close()
     capsys.readouterr()
+
+
+# ---- continuing a conversation across cells ----------------------------------------------------------------
+def test_a_chat_continues_across_cells(ip, shared, engine, capsys):
+    """`%%sgl -o chat`, then plain `chat += ...` in a later cell, then `%%sgl -i chat`: each turn starts from the
+    state's text, so its request hits the radix cache for the whole conversation so far."""
+    ip.run_cell_magic("sgl", "--temperature 0 --max-tokens 4 -o chat",
+                      's += system("You are terse.")\ns += user("Name a color.")\ns += assistant(gen("a1"))\n')
+    chat = ip.user_ns["chat"]
+    turn1 = chat.text()
+    prompt1 = chat.get_meta_info("a1")["prompt_tokens"]
+    cached = engine.get_stats()["cached_tokens"]
+    result = ip.run_cell('import sgnb as sgl\nchat += sgl.user("Another one.")\n'
+                         'chat += sgl.assistant(sgl.gen("a2", max_tokens=4))\nreply = chat["a2"]\n')
+    result.raise_error()
+    assert ip.user_ns["reply"] == chat["a2"] and chat.text().startswith(turn1)
+    assert chat.get_meta_info("a2")["cached_tokens"] >= prompt1
+    assert engine.get_stats()["cached_tokens"] - cached >= prompt1
+    prompt2 = chat.get_meta_info("a2")["prompt_tokens"]
+
+    capsys.readouterr()
+    ip.run_cell_magic("sgl", "-i chat --max-tokens 3",
+                      'same = s is chat\ns += user("And a third.")\ns += assistant(gen("a3"))\n')
+    assert ip.user_ns["same"] is True and ip.user_ns["chat"] is chat and ip.user_ns.get("_sgl") is not chat
+    assert chat.get_meta_info("a3")["cached_tokens"] >= prompt2
+    assert chat.get_meta_info("a3")["completion_tokens"] <= 3  # the cell's own options apply
+    roles = [m["role"] for m in chat.messages()]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert set(chat.variables()) == {"a1", "a2", "a3"}
+    out = capsys.readouterr().out
+    assert "Name a color." in out and "And a third." in out  # the transcript shows the whole conversation
+
+
+def test_a_continued_cell_shows_in_its_own_view(ip, shared, monkeypatch):
+    import sgnb.widgets
+
+    monkeypatch.setattr(sgnb.widgets, "ProgramView", type("ProgramView", (_FakeView,), {}), raising=False)
+    _FakeView.made.clear()
+    get_session(ip).use_widgets = True
+    ip.run_cell_magic("sgl", "--max-tokens 2 -o talk", 's += user("Hi")\ns += assistant(gen("a"))\n')
+    first = _FakeView.made[-1]
+    ip.run_cell_magic("sgl", "--max-tokens 2 -i talk", 's += user("Again")\ns += assistant(gen("b"))\n')
+    second = _FakeView.made[-1]
+    assert second is not first
+    begin = second.events[0]
+    assert begin["type"] == "program_begin" and begin["continues"] == first.events[0]["program"]
+    assert "Hi" in begin["text"]  # the view gets the text it continues from
+    assert not any(e["type"] == "gen_begin" and e["var"] == "b" for e in first.events)  # the old view is left be
+
+
+def test_a_state_that_cannot_continue_says_so(ip, shared, capsys):
+    with pytest.raises(sgnb.ProgramError):
+        ip.run_cell_magic("sgl", "--no-widget -o broken", 's += "x"\ns += image("cat.png")\n')
+    capsys.readouterr()
+    result = ip.run_cell('broken += "more"\n')
+    assert isinstance(result.error_in_exec, sgnb.ProgramError)
+    out = _plain(capsys.readouterr().out)
+    assert "so it cannot continue: re-run the cell or program that made it" in out
+    assert _last_arrow(out) == 'broken += "more"' and out.count("Traceback") == 1, out
+    assert "state.py" not in out and "interpreter.py" not in out
+    for line, match in (("-i broken", "cannot continue"), ("-i no_such_state", "not defined"),
+                        ("-i broken", "never uses `s`")):
+        body = 'x = 1\n' if "never" in match else 's += "x"\n'
+        with pytest.raises(UsageError, match=match):
+            ip.run_cell_magic("sgl", line, body)
+
+
+# ---- one short traceback at the user's line ----------------------------------------------------------------
+@pytest.mark.parametrize("line, error, message", [
+    ('s += gen("x", regex="(unclosed")', "ValueError", "invalid regex"),
+    ('s += gen("x", temperature=-1)', "ValueError", "temperature=-1: must be >= 0"),
+    ('s += select("x", choices=[])', "ValueError", "needs a non-empty list of strings"),
+    ('s += gen("x", max_tokenz=3)', "TypeError", "unexpected keyword argument 'max_tokenz'"),
+    ("s += undefined_thing", "NameError", "name 'undefined_thing' is not defined"),
+    ('s += image("cat.png")', "ProgramError", "takes no images"),
+    ('s += "word " * 9000 + gen("x", max_tokens=2)', "ProgramError", "context length"),
+], ids=["regex", "temperature", "select", "typo", "name", "image", "backend"])
+def test_user_errors_show_one_trimmed_traceback(ip, shared, capsys, line, error, message):
+    """What the notebook shows for a user error in a %%sgl cell: one traceback whose last frame is the cell's
+    line, one message, none of sgnb's frames (nor gen()'s 25-parameter signature, nor the magic's call)."""
+    capsys.readouterr()
+    result = ip.run_cell(f'%%sgl --no-widget\ns += "Hi"\n{line}\ns += "never"\n')
+    assert type(result.error_in_exec).__name__ == error
+    out = _plain(capsys.readouterr().out)
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert _last_arrow(out) == line, out
+    assert out.count(message) == 1, out
+    assert out.rstrip().splitlines()[-1].startswith(f"{error}: "), out
+    for noise in ("sgnb/", "/engine/", "kernel_ext", "primitives.py", "max_tokens, min_tokens", "run_cell_magic",
+                  "skipping hidden"):
+        assert noise not in out, (noise, out)
+
+
+def test_program_errors_read_in_a_plain_cell_show_the_program_line(ip, shared, capsys):
+    """`fn.run()` in a plain cell: the error surfaces where the state is read, and the traceback goes on to the
+    program line that failed (the line, once: not again in the message)."""
+    ip.run_cell('import sgnb as sgl\n@sgl.function\ndef shows(s):\n    s += "x"\n    s += sgl.image("cat.png")\n'
+                '    s += sgl.gen("y", max_tokens=2)\n').raise_error()
+    capsys.readouterr()
+    result = ip.run_cell('st = shows.run()\nst["y"]\n')
+    assert isinstance(result.error_in_exec, sgnb.ProgramError)
+    out = _plain(capsys.readouterr().out)
+    arrows = [line.split(maxsplit=2)[2] for line in out.splitlines() if line.lstrip().startswith("---->")]
+    assert arrows == ['st["y"]', 's += sgl.image("cat.png")'], out
+    assert out.count("takes no images") == 1 and "(at " not in out, out
+    assert "state.py" not in out and "interpreter.py" not in out and "The above exception" not in out
+    assert "(at " in str(result.error_in_exec)  # the message itself still names the line (scripts, logs)
+
+
+def test_an_interrupt_in_a_plain_cell_shows_the_users_line(ip, shared, engine, capsys):
+    ip.run_cell('import sgnb as sgl\n@sgl.function\ndef counting(s):\n'
+                '    s += "Count:" + sgl.gen("n", max_tokens=4000, ignore_eos=True)\n').raise_error()
+    capsys.readouterr()
+    thread = _interrupt_main_thread_when(engine, 1)
+    result = ip.run_cell('st = counting.run()\nst["n"]\n')
+    thread.join()
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert _idle(engine), engine.get_stats()
+    out = _plain(capsys.readouterr().out)
+    assert _last_arrow(out) == 'st["n"]' and out.count("Traceback") == 1, out
+    assert "interrupted: the program and its request were aborted" in out
+    assert "state.py" not in out and "threading.py" not in out, out

@@ -106,7 +106,7 @@ def test_flush_shows_the_gone_nodes_as_evicted_then_drops_them(default_engine, m
     evicted = [r for r in after["nodes"] if r["state"] == "evicted"]
     assert {r["id"] for r in evicted} == {r["id"] for r in before if r["parent"] is not None}
     assert after["summary"]["nodes"] == 1 and after["summary"]["evicting"] == len(evicted)
-    monkeypatch.setattr(panel, "FADE_S", 0.0)
+    monkeypatch.setattr(panel, "EVICTED_S", 0.0)
     assert [r["state"] for r in json.loads(panel.snapshot_json())["tree"]["nodes"]] == [""]
 
 
@@ -216,7 +216,7 @@ def test_snapshot_shows_images_and_videos_as_chips(video_engine, tmp_path):
 
 def _node(i: int, parent: int | None, t: float = 0.0) -> dict:
     return {"id": i, "parent": parent, "tokens": 1, "lock_ref": 0, "hit_count": 0, "last_access": t,
-            "created": t, "key": [i]}
+            "created": t, "last_hit": 0.0, "key": [i]}
 
 
 def test_layout_shows_the_children_of_an_expanded_group_first():
@@ -226,7 +226,7 @@ def test_layout_shows_the_children_of_an_expanded_group_first():
     order = [0, 1, 11, 111, 12, 121, 13, 131, 2, 3]
     nodes.sort(key=lambda n: order.index(n["id"]))
     rows, _ = panel.layout(nodes, 6)
-    assert [r["id"] for r in rows if not r.get("group")][:3] == [0, 1, 11]
+    assert [r["id"] for r in rows if not r.get("group")][:2] == [0, 1]  # the biggest subtree first
     assert {r["id"]: r["count"] for r in rows if r.get("group")}["g0"] == 2  # 2 and 3 folded into "+2 nodes"
     rows, _ = panel.layout(nodes, 6, expanded={0})
     shown = [r["id"] for r in rows if not r.get("group")]
@@ -235,12 +235,18 @@ def test_layout_shows_the_children_of_an_expanded_group_first():
 
 def test_layout_colours_follow_the_trees_own_clock():
     # the latest activity is at t=100: within HIGHLIGHT_S of it, created = "new", matched again = "hit"
+    # (unless the tree has been idle since for LIVE_S)
     nodes = [_node(0, None, 100.0), _node(1, 0, 50.0), _node(2, 1, 50.0), _node(3, 1, 99.5)]
-    nodes[1]["last_access"], nodes[1]["hit_count"] = 99.5, 2  # an old node hit just now
-    nodes[2]["hit_count"] = 1  # hit long ago
-    rows, summary = panel.layout(nodes, 10)
+    nodes[1]["last_access"] = nodes[1]["last_hit"] = 99.5  # an old node hit just now
+    nodes[1]["hit_count"] = 2
+    nodes[2]["hit_count"], nodes[2]["last_hit"] = 1, 50.0  # hit long ago
+    rows, summary = panel.layout(nodes, 10, now=100.5)
     assert {r["id"]: r["state"] for r in rows} == {0: "", 1: "hit", 2: "", 3: "new"}
     assert (summary["new"], summary["hit"]) == (1, 1)
+    # idle for LIVE_S: the colours of the last step give way to the heat of cumulative hits
+    rows, summary = panel.layout(nodes, 10, now=100.0 + panel.LIVE_S)
+    assert {r["id"]: (r["state"], r.get("heat", 0)) for r in rows} == {0: ("", 0), 1: ("", 3), 2: ("", 2),
+                                                                        3: ("", 0)}
 
 
 # ---- the same call from the panel's side of a real kernel -------------------------------------------------

@@ -3,6 +3,7 @@ the engine's scheduler thread does nothing for a view but append to a deque."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -16,8 +17,10 @@ import pytest
 
 import sgnb as sgl
 from sgnb.widgets import EngineStats, ProgramView, RadixTreeView, esm_path
+from sgnb.widgets._batch_view import BatchView
 from sgnb.widgets._engine_stats import _point
 from sgnb.widgets._esm import bundle
+from sgnb.widgets._program_view import align_tokens, cached_chars, estimate_tokens
 
 PREFIX = "You are a helpful assistant. Answer each question in one short sentence, please.\n"
 
@@ -38,7 +41,7 @@ def wait_until(cond, timeout=20.0, step=0.02):
 
 def settle(view: ProgramView) -> None:
     """Flush until every program the view knows has ended (the `end` event follows the last node)."""
-    assert wait_until(lambda: view.flush() or all(p["status"] != "running" for p in view.programs))
+    assert wait_until(lambda: not view.flush() and all(p["status"] != "running" for p in view.programs))
 
 
 def segs(program: dict, kind: str) -> list[dict]:
@@ -51,7 +54,7 @@ def test_import_is_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("widget", [ProgramView, RadixTreeView, EngineStats])
+@pytest.mark.parametrize("widget", [ProgramView, RadixTreeView, EngineStats, BatchView])
 def test_esm_is_one_module(widget, tmp_path):
     esm = widget._esm
     assert "export default" in esm
@@ -121,8 +124,8 @@ def test_program_view_reflects_a_real_program(runtime):
     year = gens["year"]
     assert "year is" in year["constraint"]
     tokens = year["tokens"]
-    assert tokens and "".join(t for t, _ in tokens) == year["text"] == state["year"]
-    forced = sum(f for _, f in tokens)
+    assert tokens and "".join(t[0] for t in tokens) == year["text"] == state["year"]
+    forced = sum(t[1] for t in tokens)
     assert 0 < forced < len(tokens), "jump-forward tokens and sampled ones are both marked"
     assert year["meta"]["forced_tokens"] == forced
 
@@ -250,7 +253,7 @@ def test_program_view_media_error_and_text_forms(runtime, llava_engine, tmp_path
     assert text.startswith("<ProgramView") and "done" in text and len(text) < 200
     assert "error" in repr(failing)
     data, _ = view._repr_mimebundle_()
-    assert data["text/plain"] == text and "text/html" not in data
+    assert data["text/plain"] == text  # (text/html is the static snapshot: widgets/_static.py)
 
 
 def test_program_view_status_tells_a_body_error_and_an_interrupt(runtime):
@@ -282,6 +285,58 @@ def test_program_view_status_tells_a_body_error_and_an_interrupt(runtime):
     settle(view)
     (p,) = view.programs
     assert p["status"] == "interrupted", p
+
+
+def test_program_view_a_finished_copy_is_not_left_running(runtime):
+    """A `s.copy()` (or a fork) that is never joined ends with its program: its status reads "done"."""
+    import sgnb
+
+    @sgnb.function
+    def copies(s):
+        s += "Hello" + sgnb.gen("a", max_tokens=2)
+        c = s.copy()
+        c += " copy" + sgnb.gen("b", max_tokens=2)
+        forks = s.fork(2)
+        forks += sgnb.gen("c", max_tokens=2)
+
+    view = ProgramView()
+    state = view.run(copies, backend=runtime)
+    state.sync()
+    settle(view)
+    assert len(view.programs) == 4
+    assert [p["status"] for p in view.programs] == ["done"] * 4, view.programs
+    assert view.summary["running"] == 0
+
+
+def test_program_view_shows_a_continued_state(runtime):
+    """A finished state that goes on: the view that showed it (fed by `run_on`) grows it in place; a new view
+    (a later cell's) starts with the earlier text, collapsed, then the new turn."""
+    import sgnb
+
+    @sgnb.function
+    def turn(s, q):
+        s += sgnb.user(q) + sgnb.assistant(sgnb.gen("a", max_tokens=2))
+
+    view = ProgramView()
+    state = view.run(turn, "Hi", backend=runtime)
+    state.sync()
+    settle(view)
+    turn.run_on(state, "Again", subscribers=[view.on_event])
+    state.sync()
+    settle(view)
+    (p,) = view.programs  # the same program, grown
+    assert p["status"] == "done" and len(segs(p, "gen")) == 2 and not segs(p, "prior")
+
+    later = ProgramView()
+    before = state.executor.id
+    turn.run_on(state, "Once more", subscribers=[later.on_event])
+    state.sync()
+    settle(later)
+    (q,) = later.programs
+    prior = segs(q, "prior")
+    assert len(prior) == 1 and q["segments"][0]["k"] == "prior"
+    assert "Again" in prior[0]["text"] and prior[0]["from"] == before
+    assert len(segs(q, "gen")) == 1 and q["status"] == "done"
 
 
 def _data_url(img, fmt="PNG") -> str:
@@ -360,6 +415,182 @@ def test_program_view_run_batch_and_classmethod(runtime):
     assert state.view.summary["gens"] == 1
 
 
+def test_program_view_timings_agree_on_constrained_gens(runtime):
+    """TTFT and latency come from one clock (the engine's, from the request's arrival), so TTFT <= latency, on a
+    grammar gen too (whose wall time in the program includes compiling the grammar); a gen that was not streamed
+    and whose backend reports no TTFT shows none (its first text is its result)."""
+
+    @sgl.function
+    def rate(s):
+        s += PREFIX + "Rate caches from 1 to 5.\nRating: "
+        s += sgl.gen("stars", regex=r"[1-5] stars?", max_tokens=8, temperature=0)
+        s += "\nJSON: " + sgl.gen("js", max_tokens=24, temperature=0,
+                                  regex=r'\{"name": "[a-z]{2,6}", "age": [0-9]{1,2}\}')
+
+    for stream in (False, True):
+        view = ProgramView()
+        view.run(rate, backend=runtime, stream=stream).sync()
+        settle(view)
+        for g in segs(view.programs[0], "gen"):
+            m = g["meta"]
+            assert g["ttft"] == pytest.approx(m["ttft"], abs=1e-4), g
+            assert 0 < g["ttft"] <= m["e2e_latency"] <= g["elapsed"] + 0.05, g
+
+    view = ProgramView()  # no engine TTFT, not streamed: unknown rather than the whole wall time
+    for e in [{"type": "gen_begin", "var": "x", "rid": "r"}, {"type": "text", "text": "hi", "var": "x"},
+              {"type": "gen_end", "var": "x", "rid": "r", "meta_info": {"e2e_latency": 0.2}}, {"type": "end"}]:
+        view.on_event({"program": "q", "parent": None, **e})
+    view.flush()
+    (g,) = segs(view.programs[0], "gen")
+    assert g["ttft"] is None and g["meta"]["e2e_latency"] == 0.2
+
+
+def test_align_tokens():
+    assert align_tokens("hello world", ["hel", "lo", " world", "<|im_end|>"]) == ["hel", "lo", " world"]
+    assert align_tokens("a\u4f60b", ["a", "\ufffd", "\ufffd", "b"]) == ["a", "\u4f60", "", "b"]
+    assert align_tokens("a \u4f60", ["a", " \ufffd", "\ufffd"]) == ["a", " \u4f60", ""]
+    assert align_tokens("abc", ["x"]) is None and align_tokens("abc", ["a"]) is None
+
+
+def test_program_view_token_detail_with_logprobs(runtime):
+    """With logprobs asked for, every token of a gen has its text (they concatenate to the value), its logprob
+    and its top alternatives; a grammar gen's forced tokens are marked and have no logprob (nothing sampled)."""
+
+    @sgl.function
+    def detail(s):
+        s += PREFIX + "Colours: red, green," + sgl.gen("colour", max_tokens=6, temperature=0, ignore_eos=True)
+        s += "\nJSON: " + sgl.gen("js", max_tokens=24, temperature=0,
+                                  regex=r'\{"name": "[a-z]{2,6}", "age": [0-9]{1,2}\}')
+
+    view = ProgramView()
+    state = view.run(detail, backend=runtime, return_logprob=True, top_logprobs_num=3,
+                     return_text_in_logprobs=True)
+    state.sync()
+    settle(view)
+    gens = {g["var"]: g for g in segs(view.programs[0], "gen")}
+    for name, g in gens.items():
+        assert g["logprobs"] and "".join(t[0] for t in g["tokens"]) == g["text"] == state[name]
+        for _text, forced, lp, alts in g["tokens"]:
+            if forced:
+                assert lp is None
+            else:
+                assert lp <= 0 and len(alts) == 3 and all(isinstance(a, str) and b <= 0 for a, b in alts)
+                assert alts[0][1] >= lp - 1e-3, "the top alternative is at least as likely as the sampled token"
+    js = gens["js"]["tokens"]
+    assert 0 < sum(t[1] for t in js) == gens["js"]["meta"]["forced_tokens"] < len(js)
+    assert len(json.dumps(view.programs)) < 30_000
+
+
+def test_program_view_marks_the_cached_prompt(runtime):
+    """The text segments a gen read get how many of their characters the cache served: a fork's shared prefix
+    (cached for the branches) is marked in full; the first, cold prompt is not."""
+
+    @sgl.function
+    def branches(s, topic):
+        s += f"{PREFIX}Unique {topic} {time.time_ns()}:" + sgl.gen("a", max_tokens=2, temperature=0)
+        s += "\nTwo ideas follow, one per line, about the topic given above.\n"
+        forks = s.fork(2)
+        forks += sgl.gen("idea", max_tokens=3, temperature=0)
+        forks.join()
+
+    view = ProgramView()
+    view.run(branches, "tries", backend=runtime).sync()
+    settle(view)
+    top = next(p for p in view.programs if p["parent"] is None)
+    first, second = segs(top, "text")[:2]
+    (a,) = segs(top, "gen")
+    assert 0 <= first.get("cached", 0) < len(first["text"]) and a["meta"]["cached_tokens"] < a["meta"]["prompt_tokens"]
+    assert second["cached"] == len(second["text"]), second  # the fork prefix, cached for the branches
+    for child in (p for p in view.programs if p["parent"] == top["id"]):
+        (g,) = segs(child, "gen")
+        assert g["meta"]["cached_tokens"] >= g["meta"]["prompt_tokens"] - 2 and g["cached_chars"] > 0
+
+
+def test_cached_chars_estimate():
+    assert cached_chars([], [(0, 0)], 400, 100, 0) == (0, True)
+    assert cached_chars([], [(0, 0), (120, 30)], 400, 100, 30) == (120, True)  # at an earlier gen's end
+    assert cached_chars([], [(0, 0), (120, 30)], 400, 100, 65) == (260, False)  # no text known: by characters
+    # a prefix of 16 estimated tokens in 63 characters, then "Way 1:" of 4 in 6: 16 of 20 cached ends at 63
+    text = "Three ways to learn chess, one per line, each a full sentence.\n"
+    assert estimate_tokens(text) == 16 and estimate_tokens("Way 1:") == 4
+    assert cached_chars([(0, 63, 16), (63, 69, 4)], [(0, 0)], 69, 20, 16) == (63, False)
+
+
+def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
+    """run_batch under a kernel with a frontend displays a BatchView (one row per program, in batch order: its
+    arguments, variables, status, progress); a failing program reads "error"; elsewhere nothing is displayed."""
+    import IPython
+    import IPython.display
+
+    function = importlib.import_module("sgnb.function")  # (`sgnb.function` the attribute is the decorator)
+
+    @sgl.function
+    def qa(s, q):
+        s += PREFIX + "Q: " + q + "\nA:" + sgl.gen("a", max_tokens=3, temperature=0)
+        s += " Sure?" + sgl.select("sure", choices=[" yes", " no"])
+        if q == "boom":
+            raise ValueError("boom")
+
+    assert function._batch_view("qa", [{}]) is None  # no kernel here: the script path is unchanged
+    shown: list = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("Kernel", (), {"kernel": object()})())
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    questions = ["one?", "two?", "boom", "four?"]
+    states = qa.run_batch([{"q": q} for q in questions], backend=runtime, progress_bar=True)
+    (view,) = shown
+    assert isinstance(view, BatchView)
+    view.flush()
+    assert view.columns == ["q", "a", "sure"]
+    assert [r["arguments"]["q"] for r in view.rows] == [repr(q) for q in questions]
+    assert [r["status"] for r in view.rows] == ["done", "done", "error", "done"]
+    for r, st in zip(view.rows, states):
+        if r["status"] == "done":
+            assert r["values"] == {k: " ".join(st[k].split()) for k in ("a", "sure")}  # whitespace as one space
+            assert r["gens"] == r["gens_done"] == 1 and r["tokens"] >= 1 and r["elapsed"] >= 0
+    assert "boom" in view.rows[2]["error"]
+    assert view.summary["total"] == 4 and view.summary["done"] == 3 and view.summary["error"] == 1
+    shown.clear()
+    qa.run_batch([{"q": "x"}], backend=runtime, subscribers=[lambda e: None])  # a caller's own view: no table
+    assert shown == []
+
+
+def test_sgl_logprobs_switch_asks_every_gen(engine, monkeypatch):
+    """`%%sgl --logprobs [K]` asks every gen of the cell for logprobs and K alternatives (5 by default), with
+    their texts, and the cell's view gets them."""
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    from sgnb.kernel_ext import display as show
+    from sgnb.kernel_ext import get_session
+
+    ip = start_ipython() or get_ipython()  # the test shell is made once per process
+    ip.run_line_magic("load_ext", "sgnb")
+    ip.user_ns["lp_runtime"] = sgl.Runtime(engine=engine)
+    ip.run_line_magic("sgl", "backend lp_runtime")
+    views: list = []
+
+    def live_view(name, *args, **kwargs):
+        views.append(ProgramView(*args, **kwargs))
+        return views[-1]
+
+    monkeypatch.setattr(show, "live_view", live_view)
+    monkeypatch.setattr(get_session(ip), "use_widgets", True)
+    try:
+        ip.run_cell_magic("sgl", "--logprobs --max-tokens 4 -o lp", 's += "Hello," + gen("a", temperature=0)')
+        meta = ip.user_ns["lp"].executor.meta_info["a"]
+        assert all(len(top) == 5 and top[0][2] is not None for top in meta["output_top_logprobs"])
+        (view,) = views
+        settle(view)
+        (g,) = segs(view.programs[0], "gen")
+        assert g["logprobs"] and all(len(t[3]) == 5 for t in g["tokens"])
+        ip.run_cell_magic("sgl", "--logprobs 2 --no-widget -o lp2", 's += "Hi," + gen("a", max_tokens=2)')
+        assert all(len(top) == 2 for top in ip.user_ns["lp2"].executor.meta_info["a"]["output_top_logprobs"])
+        ip.run_cell_magic("sgl", "--no-widget -o plain", 's += "Hi," + gen("a", max_tokens=2)')
+        assert "output_top_logprobs" not in ip.user_ns["plain"].executor.meta_info["a"]
+    finally:
+        ip.run_line_magic("unload_ext", "sgnb")
+        sgl.set_default_backend(None)
+
+
 # ---- RadixTreeView -----------------------------------------------------------------------------------------
 def mirror_matches_engine(view: RadixTreeView, engine) -> None:
     snap = {n["id"]: n for n in engine.tree_snapshot(max_key_tokens=0)["nodes"]}
@@ -432,7 +663,7 @@ def test_tree_view_aggregates_above_max_nodes(engine):
     assert total > 24
     nodes = [r for r in view.nodes if not r.get("group")]
     groups = [r for r in view.nodes if r.get("group")]
-    assert len(nodes) == 12 and groups and view.summary["groups"] == len(groups)
+    assert len(view.nodes) <= 12 and groups and view.summary["groups"] == len(groups)
     assert len(nodes) + sum(g["count"] for g in groups) == total  # every node is drawn or counted in a group
     shown = {r["id"] for r in nodes}
     assert all(g["parent"] in shown for g in groups)
@@ -498,6 +729,13 @@ class _SyntheticEngine:
 
     def subscribe(self, callback, replay=False):
         return self.events.subscribe(callback, replay=replay)
+
+    def tree_snapshot(self, max_key_tokens=64):  # the view API of sgnb.engine.Engine
+        return {"nodes": self.tree.snapshot(None, max_key=max_key_tokens)}
+
+    def node_key(self, node_id):
+        node = self.tree.nodes.get(node_id)
+        return None if node is None else node.key
 
 
 def test_tree_view_stays_small_and_fast_at_5000_nodes():

@@ -1,0 +1,187 @@
+"""BatchView: a compact live table of a `run_batch`: one row per program (its arguments, variables, status,
+progress), fed by the programs' events.
+
+`run_batch` shows one in a notebook (an IPython kernel with a frontend) when the caller passed no subscribers
+of its own. Like ProgramView's, the callbacks of `subscriber_for(i)` only append to a buffer; a Ticker thread
+folds it into the rows and syncs them at <= 4 Hz, one message per flush; the rows live in synced traits, so a
+saved notebook shows the finished batch. The trait layout is documented in `batch_view.js`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anywidget
+import traitlets
+
+from sgnb.widgets._esm import bundle
+from sgnb.widgets._ticker import Ticker
+
+Event = dict[str, Any]
+
+MAX_ROWS = 200  # rows synced (the first ones of the batch); the counts cover every program
+MAX_VALUE = 80  # characters of a value shown in a cell
+MAX_COLUMNS = 12  # argument and variable columns
+
+
+def _short(text: str, limit: int = MAX_VALUE) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class _Row:
+    def __init__(self, index: int, arguments: dict[str, str]) -> None:
+        self.index, self.arguments = index, arguments
+        self.program: str | None = None
+        self.status = "queued"
+        self.values: dict[str, str] = {}  # variable -> its text so far (a gen's chunks, a select's choice)
+        self.gens = 0  # gens begun, branches' included
+        self.gens_done = 0
+        self.tokens = 0  # generated tokens of finished gens
+        self.error = ""
+        self.t_begin: float | None = None
+        self.t_end: float | None = None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        elapsed = None if self.t_begin is None else round((self.t_end or now) - self.t_begin, 2)
+        return {"i": self.index, "program": self.program, "arguments": dict(self.arguments),
+                "status": self.status, "values": {k: _short(v) for k, v in self.values.items()}, "gens": self.gens,
+                "gens_done": self.gens_done, "tokens": self.tokens, "error": self.error, "elapsed": elapsed}
+
+
+class BatchView(anywidget.AnyWidget):
+    """A table of a batch's programs, one row each: arguments, variables, status, gens done and tokens.
+
+    `BatchView("name", [arguments per program])` starts with every row queued; feed program i's events to
+    `subscriber_for(i)` (any thread), and call `finish(states)` with run_batch's states at the end (the final
+    values and statuses, cancelled programs included)."""
+
+    _esm = bundle("batch_view.js")
+
+    title = traitlets.Unicode("").tag(sync=True)
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    summary = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
+                 interval: float = 0.25, **kwargs: Any) -> None:
+        super().__init__(title=title, **kwargs)
+        self._lock = threading.Lock()  # guards _pending
+        self._flush_lock = threading.RLock()
+        self._pending: list[tuple[int, Event]] = []
+        self._rows = [_Row(i, {k: _short(repr(v), 60) for k, v in a.items()})
+                      for i, a in enumerate(arguments or [])]
+        self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
+        self._t_begin = time.time()
+        self._t_end: float | None = None
+        self._ticker = Ticker(self.flush, max(interval, 0.05), "sgnb-batch-view", idle_stop=2.0)
+        self._send_rows()
+
+    # ---- feeding -----------------------------------------------------------------------------------------
+    def subscriber_for(self, index: int) -> Callable[[Event], None]:
+        """The event callback for the batch's program `index` (its branches' events come through it too)."""
+
+        def on_event(event: Event) -> None:
+            with self._lock:
+                self._pending.append((index, event))
+            self._ticker.start()
+
+        return on_event
+
+    def finish(self, states: list[Any]) -> None:
+        """The batch is over: each row takes its state's variables and final status (a None state: cancelled)."""
+        self.flush()
+        with self._flush_lock:
+            for row, state in zip(self._rows, states):
+                if state is None:
+                    if row.status in ("queued", "running"):
+                        row.status = "cancelled"
+                    continue
+                exe = state.executor
+                row.values.update({k: v if isinstance(v, str) else repr(v) for k, v in exe.variables.items()})
+                if exe.error_ is not None:
+                    row.status = "interrupted" if exe.aborted else "error"
+                    row.error = row.error or _short(f"{type(exe.error_).__name__}: {exe.error_}", 300)
+                elif row.status in ("queued", "running"):
+                    row.status = "done"
+            for row in self._rows:
+                if row.status in ("queued", "running"):
+                    row.status = "cancelled"
+            self._t_end = time.time()
+            self._send_rows()
+
+    def close(self) -> None:
+        self._ticker.stop()
+        super().close()
+
+    # ---- folding events into rows ------------------------------------------------------------------------
+    def flush(self) -> bool:
+        with self._flush_lock:
+            with self._lock:
+                events, self._pending = self._pending, []
+            if not events:
+                return False
+            now = time.time()
+            for index, event in events:
+                if 0 <= index < len(self._rows):
+                    self._apply(self._rows[index], event, now)
+            self._send_rows()
+            return True
+
+    def _apply(self, row: _Row, e: Event, now: float) -> None:
+        kind, pid = e.get("type"), str(e.get("program") or "")
+        if row.program is None and e.get("parent") is None:
+            row.program = pid
+        if row.t_begin is None:
+            row.t_begin, row.status = now, "running"
+        own = pid == row.program  # a branch's gens count toward progress; its values come with finish()
+        if kind == "gen_begin":
+            row.gens += 1
+            if own and e.get("var"):
+                row.values[str(e["var"])] = ""
+        elif kind == "gen_end":
+            row.gens_done += 1
+            row.tokens += int((e.get("meta_info") or {}).get("completion_tokens") or 0)
+        elif kind == "text" and own and e.get("var"):
+            row.values[str(e["var"])] = row.values.get(str(e["var"]), "") + str(e.get("text", ""))
+        elif kind == "error" and row.status not in ("error", "interrupted"):
+            row.status = "interrupted" if e.get("interrupted") else "error"
+            row.error = _short(str(e.get("message", "")), 300)
+            row.t_end = now
+        elif kind == "end" and own:
+            if row.status == "running":
+                row.status = "done"
+            row.t_end = row.t_end or now
+
+    def _send_rows(self) -> None:
+        now = time.time()
+        names: list[str] = []
+        for row in self._rows:  # argument columns first, then variables, in the order they appear
+            names += [k for k in row.arguments if k not in names]
+        variables: list[str] = []
+        for row in self._rows:
+            variables += [k for k in row.values if k not in variables and k not in names]
+        counts = {s: sum(r.status == s for r in self._rows)
+                  for s in ("queued", "running", "done", "error", "interrupted", "cancelled")}
+        summary = {"total": len(self._rows), **counts, "gens": sum(r.gens_done for r in self._rows),
+                   "tokens": sum(r.tokens for r in self._rows), "shown": min(len(self._rows), MAX_ROWS),
+                   "arguments": len(names), "elapsed": round((self._t_end or now) - self._t_begin, 2)}
+        with self.hold_sync():
+            self.columns = (names + variables)[:MAX_COLUMNS]
+            self.rows = [r.to_json(now) for r in self._rows[:MAX_ROWS]]
+            self.summary = summary
+
+    # ---- text forms --------------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<BatchView {self.title!r}: {s.get('done', 0)}/{s.get('total', 0)} done, "
+                f"{s.get('running', 0)} running, {s.get('error', 0)} failed>")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle[0].pop("text/html", None)
+        return bundle
