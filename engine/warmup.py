@@ -43,17 +43,24 @@ def warm_up(engine: Engine) -> float:
         return [usable[(offset + 7 * i) % len(usable)] for i in range(n)]
 
     greedy = {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}
+    # a small engine (a short context, a small KV pool) warms what fits in it: each request, and each batch's
+    # tokens, within half the pool and the context
+    room = min(engine.context_length - 16, engine.runner.kv_pool.size // 2)
     for i, n in enumerate(PREFILL_LENGTHS):  # one request per tile size, decode at batch 1 afterwards
-        engine.generate(input_ids=ids(n, 1_000 * i), sampling_params=greedy)
+        if n <= room:
+            engine.generate(input_ids=ids(n, 1_000 * i), sampling_params=greedy)
     shared = ids(SHARED_PREFIX, 50)
-    engine.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache it
-    for j, (count, n) in enumerate(CASCADE_BATCHES):  # requests over the cached prefix: the cascade
-        batch = [shared + ids(n + k % 3, 3_000 + 500 * j + 10 * k) for k in range(count)]
-        engine.generate(input_ids=batch, sampling_params=greedy)
-    # input logprobs, and decode riding along with a prefill (a mixed batch)
-    engine.generate(input_ids=[ids(20, 7_000), ids(90, 8_000)],
-                    sampling_params={**greedy, "max_new_tokens": 8}, return_logprob=True, logprob_start_len=0,
-                    top_logprobs_num=2)
+    if SHARED_PREFIX + 16 <= room:
+        engine.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache it
+        for j, (count, n) in enumerate(CASCADE_BATCHES):  # requests over the cached prefix: the cascade
+            if SHARED_PREFIX + count * (n + 6) > room or count > engine.config.max_running_requests:
+                continue
+            batch = [shared + ids(n + k % 3, 3_000 + 500 * j + 10 * k) for k in range(count)]
+            engine.generate(input_ids=batch, sampling_params=greedy)
+    if 120 <= room:  # input logprobs, and decode riding along with a prefill (a mixed batch)
+        engine.generate(input_ids=[ids(20, 7_000), ids(90, 8_000)],
+                        sampling_params={**greedy, "max_new_tokens": 8}, return_logprob=True, logprob_start_len=0,
+                        top_logprobs_num=2)
     _warm_bitmask(engine)
     engine.flush_cache()
     engine.scheduler.reset_counters()

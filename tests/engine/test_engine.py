@@ -663,3 +663,13 @@ def test_gil_switch_interval_is_set_while_the_engine_runs_and_restored():
     assert sys.getswitchinterval() == before
     with pytest.raises(ValueError, match="gil_switch_interval"):
         Engine("dummy:tiny", gil_switch_interval=0.0)
+
+
+def test_warm_up_fits_a_small_engine():
+    """A small KV pool and a short context: the warm-up takes only what fits, and the engine starts."""
+    from sgnb.engine import Engine
+
+    with Engine("dummy:tiny", quantization="none", warmup=True, max_total_tokens=200, context_length=128) as eng:
+        assert eng.get_stats()["prompt_tokens"] == 0 and eng.is_alive
+        out = eng.generate(input_ids=list(range(100, 140)), sampling_params={"max_new_tokens": 3, "temperature": 0})
+        assert out["meta_info"]["completion_tokens"] == 3
