@@ -507,6 +507,7 @@ class Engine:
                                 "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
         if req.return_logprob:
             meta["output_token_logprobs"] = self._fmt_logprobs(list(req.output_token_logprobs), text_in_logprobs)
+            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # as SGLang's chunks
         return meta
 
     def _fmt_logprobs(self, items: list[tuple], with_text: bool) -> list[tuple]:

@@ -308,10 +308,16 @@ class StreamExecutor:
         self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
                    "constraint": params.regex or params.json_schema or params.ebnf})
         if self.stream:
-            pieces, meta = [], {}
+            # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
+            # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
+            pieces, meta, held, held_meta = [], {}, "", {}
             for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
                 pieces.append(piece)
-                self._append(piece, node.name, meta)
+                if piece and held:
+                    self._append(held, node.name, held_meta)
+                    held = ""
+                held, held_meta = held + piece, meta
+            self._append(held, node.name, meta)
             value = "".join(pieces)
         else:
             value, meta = self.backend.generate(ctx, params)

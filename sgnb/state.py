@@ -131,8 +131,10 @@ class ProgramState:
         """Text as it is appended (run with stream=True for token-by-token gens); only var_name's if given.
         return_meta_data=True (SGLang's): (text, meta_info) pairs, meta_info being the gen's as it stood when
         that text arrived (completion_tokens so far; the full meta_info with its last piece; None for text
-        that no gen produced)."""
+        that no gen produced); with logprobs asked for, each pair's "output_token_logprobs" holds its new
+        tokens' only and "output_token_logprobs_length" the count so far, as SGLang's streams do."""
         exe, i = self.executor, 0
+        sent: dict[str | None, int] = {}  # output logprobs already yielded, per variable
         while True:
             with exe.chunks_cond:
                 while i >= len(exe.chunks) and not exe.done and exe.error_ is None:
@@ -141,6 +143,12 @@ class ProgramState:
                 finished = exe.done or exe.error_ is not None
             for var, text, meta in batch:
                 if var_name is None or var == var_name:
+                    if return_meta_data and meta and meta.get("output_token_logprobs") is not None:
+                        # as SGLang's stream: each chunk the logprobs of its new tokens, and how many in all
+                        full = meta["output_token_logprobs"]
+                        meta = {**meta, "output_token_logprobs": full[sent.get(var, 0):],
+                                "output_token_logprobs_length": len(full)}
+                        sent[var] = len(full)
                     yield (text, meta) if return_meta_data else text
             if finished and i >= len(exe.chunks):
                 exe.raise_error()

@@ -19,9 +19,9 @@ from sgnb.kernel_ext import get_session
 
 @pytest.fixture(scope="module")
 def ip():
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # the test shell is made once per process
     shell.run_line_magic("load_ext", "sgnb")
     yield shell
     shell.run_line_magic("unload_ext", "sgnb")

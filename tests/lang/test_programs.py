@@ -89,6 +89,29 @@ def test_streaming_text_iter(backend):
         assert counts == sorted(counts) and counts[-1] == state.get_meta_info("rest")["completion_tokens"]
 
 
+def test_streamed_logprobs_arrive_per_chunk(backend):
+    """SGLang's contract (its test_stream_logprobs): with logprobs asked for, each streamed (text, meta) pair
+    carries its new tokens' logprobs only, and output_token_logprobs_length the count so far."""
+    if isinstance(backend, sgl.OpenAI):
+        pytest.skip("OpenAI's chat stream carries no SGLang meta_info")
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", return_logprob=True, max_tokens=12, temperature=0))
+
+    state = qa.run(question="Name three colors.", stream=True, backend=backend)
+    pairs = list(state.text_iter("answer", return_meta_data=True))
+    assert pairs and "".join(t for t, _ in pairs) == state["answer"]
+    seen = 0
+    for _text, meta in pairs:
+        new = meta["output_token_logprobs"]
+        assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == seen + len(new)
+        seen += len(new)
+    assert seen == state.get_meta_info("answer")["completion_tokens"]
+    assert len(state.get_meta_info("answer")["output_token_logprobs"]) == seen  # the gen's own meta: all of them
+
+
 def test_gen_errors_at_the_call_site():
     with pytest.raises(ValueError, match="temperature"):
         sgl.gen("x", temperature=-1)
