@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from engine_checks import assert_pool_consistent
 
 TOL = 2e-4  # fp32 logprobs; different kernels and summation orders differ by ~1e-5
 
@@ -15,21 +16,6 @@ PROMPT = ("The radix tree keeps the KV cache of every prompt it has seen, so a l
 
 def _ids(engine, text: str) -> list[int]:
     return engine.tokenizer.encode(text)
-
-
-def _assert_pool_consistent(engine) -> None:
-    """Idle engine: every KV slot is free or owned by the tree, none locked."""
-    deadline = time.time() + 10
-    while engine.scheduler.busy and time.time() < deadline:
-        time.sleep(0.01)
-    pool, tree = engine.runner.kv_pool, engine.tree
-    assert tree.protected_size == 0
-    assert pool.available + tree.total_size == pool.size
-    slots = tree.all_slots()
-    assert slots.unique().numel() == slots.numel()
-    assert 0 not in slots.tolist()
-    # slot 0 pads batched gathers: it must stay zero (garbage there once leaked NaN into cascade attention)
-    assert all(not buf[0].any() for buf in (*pool.cache.k_buffers, *pool.cache.v_buffers))
 
 
 def test_prefill_logprobs_match_hf(engine, hf_logprobs):
@@ -104,7 +90,7 @@ def test_chunked_prefill_matches_hf(hf_logprobs):
         got = out["meta_info"]["input_token_logprobs"]
         assert len(got) == len(ids)
         assert max(abs(lp - ref[p - 1, t].item()) for p, (lp, t, _) in enumerate(got) if p) < TOL
-        _assert_pool_consistent(eng)
+        assert_pool_consistent(eng)
 
 
 def test_exact_cached_tokens_accounting(engine):
@@ -121,7 +107,7 @@ def test_exact_cached_tokens_accounting(engine):
     out = engine.generate(input_ids=a, sampling_params=sp)
     again = engine.generate(input_ids=a + out["output_ids"][:1] + [5], sampling_params=sp)
     assert again["meta_info"]["cached_tokens"] == 51
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 def _greedy(engine, prompts, n=12, **kw):
@@ -169,7 +155,7 @@ def test_scheduling_policies_and_no_radix_agree(engine):
                 assert eng.tree.total_size == 0
             else:
                 assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 4 * 30
-            _assert_pool_consistent(eng)
+            assert_pool_consistent(eng)
 
 
 def test_64_concurrent_threads(engine):
@@ -199,7 +185,7 @@ def test_64_concurrent_threads(engine):
     again = engine.generate(f"{PROMPT} Item 5:", {"max_new_tokens": 6, "temperature": 0.7, "seed": 5,
                                                   "ignore_eos": True})
     assert again["output_ids"] == results[5]["output_ids"]
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 def test_abort_frees_locks_and_slots(engine):
@@ -211,7 +197,7 @@ def test_abort_frees_locks_and_slots(engine):
         if len(chunks) == 3:
             break
     stream.close()  # closing the stream aborts the request
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
     assert engine.get_stats()["requests_aborted"] >= 1
 
     # abort by id while queued behind a long request, and while running
@@ -230,7 +216,7 @@ def test_abort_frees_locks_and_slots(engine):
     assert done.wait(30)
     assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert box["out"]["meta_info"]["completion_tokens"] < 400
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
     # the engine is still fine
     assert engine.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
 
@@ -248,7 +234,7 @@ def test_kv_exhaustion_retracts_and_finishes():
         for a, b in zip(want, got):
             assert b["meta_info"]["completion_tokens"] == 40
             _same_or_near_tie(a, b)
-        _assert_pool_consistent(small)
+        assert_pool_consistent(small)
 
 
 def test_prompt_larger_than_pool_is_rejected():
@@ -321,7 +307,7 @@ def test_failure_inside_engine_fails_only_that_request(engine, monkeypatch):
     assert "injected fault" in outs[1]["meta_info"]["error"]
     assert [o["meta_info"]["completion_tokens"] for o in (outs[0], outs[2])] == [5, 5]
     monkeypatch.undo()
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 def test_a_failure_in_sampling_fails_only_its_request(engine, monkeypatch):
@@ -345,7 +331,7 @@ def test_a_failure_in_sampling_fails_only_its_request(engine, monkeypatch):
     assert outs[1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert "injected sampling fault" in outs[1]["meta_info"]["error"]
     assert [outs[0]["output_ids"], outs[2]["output_ids"]] == [alone[0], alone[2]]
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # closing the orphan, below
@@ -379,7 +365,7 @@ def test_a_caller_whose_event_loop_closed_does_not_kill_the_engine(engine):
     assert not engine.scheduler.busy, "the orphaned request should have been aborted"
     assert engine.scheduler.fatal is None
     assert engine.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
     try:  # end the orphaned coroutine now rather than in the garbage collector
         tasks[0].get_coro().close()
     except RuntimeError:
@@ -407,7 +393,7 @@ def test_a_rid_names_one_request_in_flight(engine):
     assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"  # the first one, aborted by its owner
     assert engine.generate("Hi", {"max_new_tokens": 2, "ignore_eos": True}, rid="dup")["meta_info"]["id"] == "dup"
     assert engine.generate("Hi", {"max_new_tokens": 2, "ignore_eos": True}, rid="twin")["meta_info"]["id"] == "twin"
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 def test_stop_conditions(engine):
@@ -506,10 +492,10 @@ def test_failed_forward_fails_its_batch_and_frees_its_kv(engine, monkeypatch):
     assert out["meta_info"]["finish_reason"]["type"] == "abort" and "injected" in out["meta_info"]["error"]
     out = engine.generate(PROMPT + " again", {"max_new_tokens": 4, "ignore_eos": True})
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
     monkeypatch.undo()
     assert engine.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
-    _assert_pool_consistent(engine)
+    assert_pool_consistent(engine)
 
 
 def test_text_ids_outside_the_vocabulary_are_refused(tmp_path):

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from engine_checks import assert_pool_consistent
 
 PROMPT = ("The radix tree keeps the KV cache of every prompt it has seen, so a later request that shares a "
           "prefix skips recomputing it. Here is a short story about a cat named Mo:")
@@ -41,15 +42,6 @@ def _same(a: dict, b: dict) -> None:
             assert [t[1] for t in ta or []] == [t[1] for t in tb or []]
 
 
-def _idle_and_consistent(engine) -> None:
-    deadline = time.time() + 10
-    while engine.scheduler.busy and time.time() < deadline:
-        time.sleep(0.01)
-    pool, tree = engine.runner.kv_pool, engine.tree
-    assert tree.protected_size == 0
-    assert pool.available + tree.total_size == pool.size
-
-
 def _both(engines, *args, **kwargs):
     on, off = engines
     on.flush_cache()
@@ -69,7 +61,7 @@ def test_greedy_batch_with_logprobs_and_lengths(engines):
         _same(x, y)
     assert [x["meta_info"]["completion_tokens"] for x in a] == [1, 2, 7, 19, 33]
     assert engines[1].scheduler.counters.overlapped_steps == 0
-    _idle_and_consistent(engines[0])
+    assert_pool_consistent(engines[0])
 
 
 def test_stops_seen_one_step_late_finish_the_same(engines):
@@ -93,7 +85,7 @@ def test_stops_seen_one_step_late_finish_the_same(engines):
     assert a[0]["meta_info"]["finish_reason"]["type"] == "stop"
     assert a[0]["meta_info"]["completion_tokens"] < 60  # EOS reached
     assert stop_word not in a[1]["text"]
-    _idle_and_consistent(on)
+    assert_pool_consistent(on)
 
 
 def test_seeded_sampling_is_reproduced(engines):
@@ -118,7 +110,7 @@ def test_constrained_and_plain_requests_in_one_batch(engines):
     import re
 
     assert re.fullmatch(regex, a[0]["text"])
-    _idle_and_consistent(engines[0])
+    assert_pool_consistent(engines[0])
 
 
 def test_arrivals_and_aborts_mid_decode(engines):
@@ -145,7 +137,7 @@ def test_arrivals_and_aborts_mid_decode(engines):
         t.join()
     for i in range(3):
         _same(results[i], want[i])
-    _idle_and_consistent(on)
+    assert_pool_consistent(on)
 
 
 def test_context_end_is_reached_the_same():
@@ -158,7 +150,7 @@ def test_context_end_is_reached_the_same():
             prompt = eng.tokenizer.encode(PROMPT)[:60]
             outs.append(eng.generate(input_ids=[prompt, prompt[:50]],
                                      sampling_params={"temperature": 0, "max_new_tokens": 80, "ignore_eos": True}))
-            _idle_and_consistent(eng)
+            assert_pool_consistent(eng)
     for x, y in zip(*outs):
         _same(x, y)
         assert x["meta_info"]["finish_reason"]["type"] == "length"
