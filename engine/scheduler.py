@@ -465,14 +465,7 @@ class Scheduler:
             return
         order, groups = self._groups(reqs)
         reqs = [reqs[i] for i in order]
-        slots = self.kv.alloc(len(reqs))
-        assert slots is not None, "decode room was ensured"
-        rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
-        dev = slots.device
-        self.req_pool.write_points(torch.tensor(rows, device=dev), torch.tensor(kv_lens, device=dev), slots)
-        spec = BatchSpec(input_ids=[r.output_ids[-1] for r in reqs], out_cache_loc=slots,
-                         req_pool_indices=rows, prefix_lens=kv_lens, extend_lens=[1] * len(reqs),  # type: ignore[arg-type]
-                         groups=groups)
+        spec = self._decode_spec(reqs, [r.output_ids[-1] for r in reqs], groups=groups)
         hidden = self._forward(spec, reqs)
         if hidden is None:
             return
@@ -530,16 +523,10 @@ class Scheduler:
         device), then bring the pending step to the host while the device runs the new one."""
         prev = self._pending
         assert prev is not None
-        slots = self.kv.alloc(len(reqs))
-        assert slots is not None, "_overlap_batch ensured the room"
-        rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
-        dev = slots.device
-        self.req_pool.write_points(to_device(rows, torch.int64, dev), to_device(kv_lens, torch.int64, dev), slots)
         pick = [prev.index[id(r)] for r in reqs]
         ids = prev.out.chosen if pick == list(range(len(prev.reqs))) else \
             prev.out.chosen[to_device(pick, torch.int64, prev.out.chosen.device)]
-        spec = BatchSpec(input_ids=[0] * len(reqs), out_cache_loc=slots, req_pool_indices=rows,  # type: ignore[arg-type]
-                         prefix_lens=kv_lens, extend_lens=[1] * len(reqs), input_ids_device=ids)
+        spec = self._decode_spec(reqs, [0] * len(reqs), input_ids_device=ids)
         hidden = self._forward(spec, reqs)
         self._pending = None
         if hidden is None:  # the forward failed: those requests failed; the earlier step still lands
@@ -564,6 +551,19 @@ class Scheduler:
             t0 = time.perf_counter()
             self._advance(prev.reqs, prev.out.to_host())
             self.counters.decode_seconds += time.perf_counter() - t0
+
+    def _decode_spec(self, reqs: list[Req], input_ids: list[int], groups: Any = None,
+                     input_ids_device: torch.Tensor | None = None) -> BatchSpec:
+        """One new KV slot per request (room was ensured), written into their rows, and the decode batch over
+        them. No device sync (the rows and positions go up through pinned memory)."""
+        slots = self.kv.alloc(len(reqs))
+        assert slots is not None, "decode room was ensured"
+        rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
+        dev = slots.device
+        self.req_pool.write_points(to_device(rows, torch.int64, dev), to_device(kv_lens, torch.int64, dev), slots)
+        return BatchSpec(input_ids=input_ids, out_cache_loc=slots, req_pool_indices=rows,  # type: ignore[arg-type]
+                         prefix_lens=kv_lens, extend_lens=[1] * len(reqs), groups=groups,  # type: ignore[arg-type]
+                         input_ids_device=input_ids_device)
 
     def _make_room_for_decode(self) -> None:
         running = self._with(ReqStatus.RUNNING)
