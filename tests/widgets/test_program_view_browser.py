@@ -295,7 +295,10 @@ def test_token_detail_on_hover(browser, detail_state):
         card.wait_for(state="hidden", timeout=3_000)
 
         page.locator(".sgnb-pv-legend input[name=tokens]").uncheck()  # the switch keeps across redraws
-        assert not page.locator(".sgnb-pv-root").evaluate("r => r.classList.contains('show-tokens')")
+        # the view redraws on the next animation frame: wait for it, then the redrawn switch must stay off
+        page.wait_for_function("!document.querySelector('.sgnb-pv-root').classList.contains('show-tokens')",
+                               timeout=3_000)
+        assert not page.locator(".sgnb-pv-legend input[name=tokens]").is_checked()
         assert not page.errors, page.errors
     finally:
         page.close()
