@@ -1,6 +1,11 @@
 """Weight-quantized linear layers for the CPU engine: int8 (per output channel) or int4 (groups of 32) weights with
 bf16 activations at the matmul boundary, and a bf16 copy of the weights for large batches of rows.
 
+"q8" (int8 in blocks of 32 along K, Q8_0's layout) runs on our own kernel (kernels/native.py, an AVX2 integer
+GEMV with the rows rounded to int8 per block as llama.cpp does): it is the head's mode when the head came from a
+Q8_0 GGUF tensor (the default model's tied embedding), where it holds the weights exactly and reads half of a
+bf16 head's bytes (~2x faster at decode sizes).
+
 Why both: on a CPU a decode step is bound by the bytes of weights it reads (fp32 SmolLM2-135M: 540 MB per step),
 and torch's weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) read 4x / 8x fewer bytes,
 but they are vectorized only for bf16 activations and lose to a plain bf16 GEMM once many rows share the weights
@@ -20,7 +25,7 @@ from torch import nn
 
 INT4_GROUP = 32
 SMALL_M = 8  # rows up to which the packed weights beat the bf16 GEMM (measured crossover ~8-16)
-MODES = ("int8", "int4", "bf16")
+MODES = ("int8", "int4", "q8", "bf16")
 LOSSLESS_INT4 = 1e-4  # relative error under which int4 groups reproduce a weight (weights from a Q4 GGUF)
 
 
@@ -75,6 +80,14 @@ class QuantLinear(nn.Module):
             self.small_m = 0
             self.weight_bf16 = w.to(torch.bfloat16).contiguous()
             return
+        if mode == "q8":
+            from sgnb.kernels import native
+
+            self._q8, self._d8 = native.quantize_q8(w)
+            self.weight_bf16 = (self._q8.float().view(self.out_features, -1, native.BLOCK)
+                                * self._d8[..., None]).view_as(w).to(torch.bfloat16).contiguous()
+            self._gemv = native.q8_gemv
+            return
         if mode == "int8":
             q, scale = quantize_int8(w)
             packed = {"q": q, "scale": scale}
@@ -89,18 +102,19 @@ class QuantLinear(nn.Module):
         self.weight_bf16 = dequantize(mode, packed).to(torch.bfloat16).contiguous()  # (N, K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        xb = (x if x.dim() == 2 else x.reshape(-1, shape[-1])).to(torch.bfloat16)  # (M, K)
-        if xb.shape[0] > self.small_m:
-            y = nn.functional.linear(xb, self.weight_bf16)
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (M, K)
+        if x2.shape[0] > self.small_m:
+            y = nn.functional.linear(x2.to(torch.bfloat16), self.weight_bf16)
+        elif self.mode == "q8":
+            y = self._gemv(x2.float().contiguous(), self._q8, self._d8)
         elif self.mode == "int8":
-            y = torch._weight_int8pack_mm(xb, self._w8, self._s8)
+            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self._w8, self._s8)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(xb, self._w4, INT4_GROUP, self._sz4)
+            y = torch._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self._w4, INT4_GROUP, self._sz4)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
-        return y if x.dim() == 2 else y.view(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.mode} <= {self.small_m} rows, bf16 above"
@@ -116,11 +130,29 @@ def int4_is_lossless(w: torch.Tensor) -> bool:
     return bool((back - w.float()).norm() <= LOSSLESS_INT4 * w.float().norm())
 
 
+def q8_is_lossless(w: torch.Tensor) -> bool:
+    """Whether int8 blocks of 32 (Q8_0's rule) reproduce `w`: true of a weight that came from a Q8_0 GGUF tensor."""
+    if w.shape[1] % INT4_GROUP:
+        return False
+    from sgnb.kernels import native
+
+    q, d = native.quantize_q8(w)
+    back = (q.float().view(w.shape[0], -1, native.BLOCK) * d[..., None]).view(w.shape)
+    return bool((back - w.float()).norm() <= LOSSLESS_INT4 * w.float().norm())
+
+
 def choose_mode(w: torch.Tensor, requested: str, head: bool) -> str:
-    """The mode for one weight. "auto": int4 where int4 is lossless, else int8 for a layer and bf16 for the
-    head (its logits are large: a 1% weight error, int8's per-row grid, moves logprobs by ~0.2)."""
+    """The mode for one weight. "auto": int4 where int4 is lossless; for the head, q8 where that is lossless and
+    our kernel built (kernels/native.py), else bf16 (its logits are large: a 1% weight error, int8's per-row
+    grid, moves logprobs by ~0.2); int8 for other layers."""
     if requested == "auto":
-        return "int4" if int4_is_lossless(w) else ("bf16" if head else "int8")
+        if int4_is_lossless(w):
+            return "int4"
+        if head:
+            from sgnb.kernels import native
+
+            return "q8" if native.available() and q8_is_lossless(w) else "bf16"
+        return "int8"
     if requested == "int4" and w.shape[1] % INT4_GROUP:
         return "int8"
     return requested
@@ -129,8 +161,8 @@ def choose_mode(w: torch.Tensor, requested: str, head: bool) -> str:
 def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
                      small_m: int = SMALL_M) -> dict[str, int]:
     """Replace every nn.Linear child whose attribute name is in `names` by a QuantLinear, in place, with
-    `mode` ("int8" | "int4" | "bf16" | "auto": see choose_mode; the head (`head`) takes "bf16" unless int4 is
-    lossless for it, whatever the mode); returns how many layers took each mode. A tied weight (lm_head =
+    `mode` ("int8" | "int4" | "q8" | "bf16" | "auto": see choose_mode; the head (`head`) takes "auto"'s choice
+    whatever the mode: int4 or q8 where lossless, else bf16); returns how many layers took each mode. A tied weight (lm_head =
     embedding) stays the embedding's: the head gets its own copy."""
     counts: dict[str, int] = {}
     for parent in list(module.modules()):

@@ -1,0 +1,156 @@
+"""The CPU engine's native kernel (kernels/csrc/quant_gemv.c: an int8-weight GEMV for decode rows): built with the machine's C compiler on first use,
+loaded with ctypes, and optional: `available()` is False (and callers use torch's kernels) without a compiler,
+without AVX2 + FMA, or with SGNB_NATIVE=0.
+
+The shared library is cached under $SGNB_CACHE_DIR (default ~/.cache/sgnb) by a hash of the source, the flags
+and the compiler's version, written atomically so that concurrent processes (tests, tensor-parallel workers)
+can build it at once. It is loaded after torch, so its OpenMP calls bind to the libgomp torch already loaded
+(one thread pool, not two spinning against each other).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("sgnb.kernels")
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "quant_gemv.c"
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+BLOCK = 32  # the kernels' quantization block along K
+MAX_ROWS = 16  # rows of x per call (the kernels keep one accumulator per row)
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_why_not: str | None = None
+
+
+def _cpu_ok() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return "avx2" in flags and "fma" in flags and "f16c" in flags
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _build() -> ctypes.CDLL:
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("SGNB_CACHE_DIR") or Path.home() / ".cache" / "sgnb") / "native"
+    out = cache / f"quant_gemv-{key}.so"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        try:
+            res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                                 timeout=300)
+            if res.returncode:
+                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-2000:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.sgnb_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64]
+    for f in (lib.sgnb_q8_gemv, lib.sgnb_quantize_rows):
+        f.restype = i32
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (why: `unavailable_reason()`). Builds them on the first call."""
+    global _lib, _tried, _why_not
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        if os.environ.get("SGNB_NATIVE", "1") == "0":
+            _why_not = "SGNB_NATIVE=0"
+        elif not _cpu_ok():
+            _why_not = "the CPU lacks AVX2 + FMA + F16C"
+        else:
+            try:
+                _lib = _build()
+            except Exception as e:  # no compiler, a failed build, a sandbox without /tmp: torch's kernels instead
+                _why_not = f"build failed: {e}"
+        if _why_not:
+            log.info("native CPU kernels unavailable (%s): quantized linears use torch's kernels", _why_not)
+        _tried = True
+        return _lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def unavailable_reason() -> str | None:
+    library()
+    return _why_not
+
+
+def _need() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"native CPU kernels unavailable: {_why_not}")
+    return lib
+
+
+def _check_x(x: torch.Tensor, K: int) -> None:
+    assert x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous(), (
+        x.device, x.dtype, x.shape)
+    assert x.shape[1] == K and K % BLOCK == 0 and 0 < x.shape[0] <= MAX_ROWS, (x.shape, K)
+
+
+def q8_gemv(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous; wq (N, K) int8, wd (N, K / 32) float32 (see quantize_q8) -> (M, N) float32."""
+    N, K = wq.shape
+    _check_x(x, K)
+    assert wq.dtype == torch.int8 and wd.shape == (N, K // BLOCK) and wd.dtype == torch.float32
+    y = torch.empty(x.shape[0], N)
+    rc = _need().sgnb_q8_gemv(wq.data_ptr(), wd.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], K, N,
+                           torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_q8_gemv failed ({rc})")
+    return y
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' rounding of x (M, K): int8 (M, K) and scales (M, K / 32), x ~ xq * scale per block."""
+    M, K = x.shape
+    x = x.float().contiguous()
+    xq, dx = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // BLOCK)
+    rc = _need().sgnb_quantize_rows(x.data_ptr(), xq.data_ptr(), dx.data_ptr(), M, K)
+    if rc:
+        raise RuntimeError(f"sgnb_quantize_rows failed ({rc})")
+    return xq, dx
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per block of 32 along K (Q8_0's rule, d = max |w| / 127): (N, K) -> int8 (N, K) and
+    float32 scales (N, K / 32); lossless for a weight that came from a Q8_0 GGUF tensor."""
+    N, K = w.shape
+    wg = w.float().view(N, K // BLOCK, BLOCK)
+    d = wg.abs().amax(-1) / 127.0  # (N, G)
+    q = torch.round(wg / d.clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(N, K), d
