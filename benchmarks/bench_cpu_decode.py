@@ -5,7 +5,10 @@
 One conversation at a time (the notebook case): a prompt of `context` tokens, then `--new-tokens` greedy tokens
 (ignore_eos), on the default model (SmolLM2-135M-Instruct). Reported: decode tok/s (after the first token),
 time to first token, and the floor: bytes of weights one decode step reads / the measured copy bandwidth of
-this machine (measured at the start). Writes benchmarks/results/<date>-cpu-decode.json.
+this machine (measured at the start). sgnb also runs a next turn (`<context>+turn`: the same context cached by
+an earlier request, 32 new prompt tokens, then the decode: KV slots in three runs, as in a chat). The
+`sgnb-torch-kernels` system is sgnb with our C kernels off (kernels/native.py: torch's kernels instead).
+Writes benchmarks/results/<date>-cpu-decode.json.
 """
 
 from __future__ import annotations
@@ -40,24 +43,33 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     return tokenizer.encode(text)[:n]
 
 
-def run_sgnb(quantization: str, prompts: dict[int, list[int]], new: int) -> dict:
+def run_sgnb(quantization: str, prompts: dict[int, list[int]], new: int, native: bool = True) -> dict:
     from sgnb.engine import Engine
+    from sgnb.kernels import native as native_kernels
 
+    native_kernels.set_enabled(native)
     eng = Engine("smollm2", quantization=quantization)
     rows = {}
     try:
         weights = _weight_bytes(eng.runner.model)
+        sp = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+
+        def timed(ids: list[int]) -> dict:
+            meta = eng.generate(input_ids=ids, sampling_params=sp)["meta_info"]
+            decode_s = meta["e2e_latency"] - meta["ttft"]
+            return {"decode_tok_s": round((new - 1) / decode_s, 1), "ttft_s": round(meta["ttft"], 3)}
+
         for ctx, ids in prompts.items():
             eng.generate(input_ids=ids[:32], sampling_params={"max_new_tokens": 4})  # warm up
             eng.flush_cache()
-            sp = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
-            out = eng.generate(input_ids=ids, sampling_params=sp)
-            meta = out["meta_info"]
-            decode_s = meta["e2e_latency"] - meta["ttft"]
-            rows[ctx] = {"decode_tok_s": round((new - 1) / decode_s, 1), "ttft_s": round(meta["ttft"], 3)}
+            rows[ctx] = timed(ids)
+            eng.flush_cache()
+            eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})  # an earlier turn cached it
+            rows[f"{ctx}+turn"] = timed(ids + ids[:32])
     finally:
         stats = eng.get_stats()
         eng.shutdown()
+        native_kernels.set_enabled(True)
     return {"rows": rows, "weight_bytes_per_step": weights, "weights": stats["quantization"]}
 
 
@@ -69,7 +81,7 @@ def _weight_bytes(model) -> int:
     total, seen = 0, set()
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            for t in (getattr(module, a, None) for a in ("_w8", "_s8", "_w4", "_sz4")):
+            for t in (getattr(module, a, None) for a in ("_w8", "_s8", "_w4", "_sz4", "_q8", "_d8")):
                 if t is not None:
                     total += t.numel() * t.element_size()
             if module.mode == "bf16":
@@ -135,7 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="128,1024")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--systems", default="sgnb,sgnb-int8,sgnb-fp32,llama.cpp,hf-transformers")
+    ap.add_argument("--systems", default="sgnb,sgnb-torch-kernels,sgnb-int8,sgnb-fp32,llama.cpp,hf-transformers")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -147,6 +159,7 @@ def main() -> int:
     prompts = {int(c): prompt_ids(tok, int(c)) for c in args.contexts.split(",")}
     bw = copy_bandwidth()
     runners = {"sgnb": lambda: run_sgnb("auto", prompts, args.new_tokens),
+               "sgnb-torch-kernels": lambda: run_sgnb("auto", prompts, args.new_tokens, native=False),
                "sgnb-int8": lambda: run_sgnb("int8", prompts, args.new_tokens),
                "sgnb-fp32": lambda: run_sgnb("none", prompts, args.new_tokens),
                "llama.cpp": lambda: run_llama_cpp(prompts, args.new_tokens),
@@ -162,9 +175,9 @@ def main() -> int:
         if "weight_bytes_per_step" in s:
             s["floor_tok_s"] = round(bw / s["weight_bytes_per_step"], 1)
     ratios = {}
-    for ctx in prompts:
-        base = systems.get("sgnb", {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
-        for name in ("llama.cpp", "hf-transformers", "sgnb-fp32"):
+    for ctx in systems.get("sgnb", {}).get("rows", {}):
+        base = systems["sgnb"]["rows"][ctx].get("decode_tok_s")
+        for name in ("llama.cpp", "hf-transformers", "sgnb-fp32", "sgnb-torch-kernels"):
             other = systems.get(name, {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
             if base and other:
                 ratios[f"sgnb/{name} @{ctx}"] = round(base / other, 2)

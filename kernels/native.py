@@ -1,4 +1,5 @@
-"""The CPU engine's native kernel (kernels/csrc/quant_gemv.c: an int8-weight GEMV for decode rows): built with the machine's C compiler on first use,
+"""The CPU engine's native kernels (kernels/csrc/cpu_decode.c: an int8-weight GEMV for decode rows, and decode
+attention over the paged KV pool): built with the machine's C compiler on first use,
 loaded with ctypes, and optional: `available()` is False (and callers use torch's kernels) without a compiler,
 without AVX2 + FMA, or with SGNB_NATIVE=0.
 
@@ -24,15 +25,17 @@ import torch
 
 log = logging.getLogger("sgnb.kernels")
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "quant_gemv.c"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
 BLOCK = 32  # the kernels' quantization block along K
-MAX_ROWS = 16  # rows of x per call (the kernels keep one accumulator per row)
+MAX_ROWS = 16  # rows of x per GEMV call (the kernel keeps one accumulator per row)
+MAX_GROUP = 16  # query heads per KV head the decode attention takes
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 _why_not: str | None = None
+_off = False  # set_enabled(False): benchmarks compare against torch's kernels in one process
 
 
 def _cpu_ok() -> bool:
@@ -54,7 +57,7 @@ def _build() -> ctypes.CDLL:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("SGNB_CACHE_DIR") or Path.home() / ".cache" / "sgnb") / "native"
-    out = cache / f"quant_gemv-{key}.so"
+    out = cache / f"cpu_decode-{key}.so"
     if not out.exists():
         cache.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
@@ -72,14 +75,24 @@ def _build() -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64]
-    for f in (lib.sgnb_q8_gemv, lib.sgnb_quantize_rows):
+    lib.sgnb_paged_decode.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64,
+                                      ctypes.c_float, ptr, ptr, i32]
+    for f in (lib.sgnb_q8_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode):
         f.restype = i32
     return lib
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the kernels off (or back on) for engines built from now on (benchmarks' side-by-side runs)."""
+    global _off
+    _off = not on
 
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (why: `unavailable_reason()`). Builds them on the first call."""
     global _lib, _tried, _why_not
+    if _off:
+        return None
     if _tried:
         return _lib
     with _lock:
@@ -106,7 +119,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     library()
-    return _why_not
+    return "turned off (set_enabled)" if _off else _why_not
 
 
 def _need() -> ctypes.CDLL:
@@ -154,3 +167,26 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d = wg.abs().amax(-1) / 127.0  # (N, G)
     q = torch.round(wg / d.clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
     return q.view(N, K), d
+
+
+def paged_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                 rows: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, scale: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one query per request, q (B, H, D) float32, over the keys at slots
+    req_to_token[rows[b], starts[b]: starts[b] + lens[b]] of k_buf / v_buf (S, Hkv, D) float32, read in place.
+    rows, starts, lens (B,) int64. Returns out (B, H, D) normalized and lse (B, H) (-inf, zeros: no keys)."""
+    B, H, D = q.shape
+    Hkv = k_buf.shape[1]
+    assert q.dtype == k_buf.dtype == v_buf.dtype == torch.float32 and q.is_contiguous(), (q.dtype, k_buf.dtype)
+    assert k_buf.is_contiguous() and v_buf.is_contiguous() and k_buf.shape == v_buf.shape and k_buf.shape[2] == D
+    assert H % Hkv == 0 and H // Hkv <= MAX_GROUP and D % 8 == 0, (H, Hkv, D)
+    assert req_to_token.dtype == torch.int64 and req_to_token.stride(1) == 1, req_to_token.stride()
+    assert rows.dtype == starts.dtype == lens.dtype == torch.int64 and rows.shape == starts.shape == lens.shape == (B,)
+    rows, starts, lens = rows.contiguous(), starts.contiguous(), lens.contiguous()
+    out, lse = torch.empty(B, H, D), torch.empty(B, H)
+    rc = _need().sgnb_paged_decode(q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), req_to_token.data_ptr(),
+                                   req_to_token.stride(0), rows.data_ptr(), starts.data_ptr(), lens.data_ptr(), B, H, Hkv, D,
+                                   scale, out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_paged_decode failed ({rc})")
+    return out, lse

@@ -103,14 +103,43 @@ def _apply_rope_triton(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     return q, k
 
 
+_cpu_cache: list = [None, None]  # (cos, sin, full-width tables), (positions, their values, tables, rows)
+
+
+def _apply_rope_cpu(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope_ref's math in a few in-place ops (the CPU's decode steps pay per op, ~30 layers x 2 calls):
+    x * [cos, cos] + roll(x, D/2) * [-sin, sin], with the full-width tables built once per (cos, sin) and
+    gathered once per positions tensor (every layer of a forward passes the same one; one changed in place is
+    gathered again); q and k rotated as one view when k follows q in memory (a fused qkv output)."""
+    tables = _cpu_cache[0]
+    if tables is None or tables[0] is not cos or tables[1] is not sin:
+        tables = _cpu_cache[0] = (cos, sin, torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1))  # (P, D)
+    last = _cpu_cache[1]
+    if last is None or last[0] is not positions or last[2] is not tables or not torch.equal(last[1], positions):
+        last = _cpu_cache[1] = (positions, positions.clone(), tables, tables[2][positions].unsqueeze(1),
+                                tables[3][positions].unsqueeze(1))  # (T, 1, D) each
+    c, s = last[3], last[4]
+    T, H, D = q.shape
+    joint = (q.stride() == k.stride() and q.stride(1) == D and q.dtype == k.dtype
+             and k.data_ptr() == q.data_ptr() + H * D * q.element_size())
+    for x in [q.as_strided((T, H + k.shape[1], D), q.stride())] if joint else [q, k]:
+        rot = x.roll(D // 2, dims=-1)  # [x2, x1], a copy
+        x.mul_(c).addcmul_(rot, s)
+    return q, k
+
+
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (T, H, D) and k (T, Hkv, D) IN PLACE at positions (T,) int; returns (q, k).
 
     q and k may be strided views (e.g. of a fused qkv output) with a contiguous last dim. cos/sin (P, D/2) are
     rope_cos_sin's float32 tables; positions must be < P (not checked: that would sync the GPU). Rotate-half
-    layout, float32 math, exactly apply_rope_ref. Triton on CUDA (one launch), apply_rope_inplace_ref on CPU.
+    layout, float32 math, apply_rope_ref's (to rounding). Triton on CUDA (one launch); on CPU the same math in a
+    few in-place ops for float32 (`_apply_rope_cpu`), apply_rope_inplace_ref otherwise.
     """
     if use_triton(q):
         return _apply_rope_triton(q, k, positions, cos, sin)
+    if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and q.stride(-1) == k.stride(-1) == 1:
+        return _apply_rope_cpu(q, k, positions, cos, sin)
     return apply_rope_inplace_ref(q, k, positions, cos, sin)

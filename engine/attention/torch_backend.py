@@ -4,11 +4,17 @@ Groups: the scheduler orders a batch so that requests sharing a cached radix pre
 fb.groups; each group with a shared prefix runs the reference's cascade on its own (the prefix's K/V read once
 for the group), so a batch mixing several few-shot prefixes (MMLU subjects) still reads each prefix once.
 
-Decode without a batch-wide shared prefix takes a faster route on the CPU: a request's KV slots are mostly one
-contiguous run (a prompt is allocated in one piece, and a lone request's decode slots follow it), and attending
-to a view of that run reads the pool in place instead of gathering a copy (`index_select` was the largest
-non-GEMM cost of a CPU decode step: ~4.8 of ~25 ms at a 1k context). The head run is read as a view, the rest
-of the slots (if any) gathered, and the two partials merged by log-sum-exp.
+Decode on the CPU with float32 KV runs our C kernel (kernels/native.py: `paged_decode`) when it could be built:
+one call per layer for the whole batch reads every request's keys in place through req_to_token (no gathered
+copy, any fragmentation: a cached prefix, a new turn, decode slots), split into chunks so that a lone long
+request uses every thread; a group sharing a cached prefix reads the prefix once (torch's flash kernel over
+it, a view when its slots are one run) and merges it with the kernel's partials over each request's own keys.
+
+Without the kernel, decode without a batch-wide shared prefix takes the view route: a request's KV slots are
+mostly one contiguous run (a prompt is allocated in one piece, and a lone request's decode slots follow it), and
+attending to a view of that run reads the pool in place instead of gathering a copy (`index_select` was the
+largest non-GEMM cost of a CPU decode step: ~4.8 of ~25 ms at a 1k context). The head run is read as a view,
+the rest of the slots (if any) gathered, and the two partials merged by log-sum-exp.
 """
 
 from __future__ import annotations
@@ -20,6 +26,42 @@ from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.kernels.attention import attend_with_lse, merge_partials, paged_attention_ref
 
 MIN_VIEW_RUN = 64  # a contiguous head run shorter than this is gathered with the rest
+MIN_CASCADE = 32  # shared prefix tokens from which a decode group reads its prefix once (as the scheduler's)
+
+
+class _NativeDecode:
+    """A decode forward's plan for the C kernel: every request's own keys in one call, then per group that
+    shares a cached prefix, the prefix once. rows / starts / lens (B,) int64 for the kernel; cascades holds
+    (first request, count, the prefix's first slot if its slots are one run else its slot ids, its length)."""
+
+    __slots__ = ("rows", "starts", "lens", "cascades")
+
+    def __init__(self, fb: ForwardBatch) -> None:
+        B = fb.batch_size
+        seq = fb.seq_lens_cpu
+        groups = fb.groups or ([(0, B, fb.shared_len)] if fb.shared_len else [(i, 1, 0) for i in range(B)])
+        starts = [0] * B
+        self.cascades: list[tuple[int, int, int | torch.Tensor, int]] = []
+        for a, n, shared in groups:
+            if n > 1 and shared >= MIN_CASCADE:
+                slots = fb.req_to_token[fb.req_pool_indices_cpu[a], :shared]
+                run = bool((slots[1:] - slots[:-1] == 1).all()) if shared > 1 else True
+                self.cascades.append((a, n, int(slots[0]) if run else slots, shared))
+                for i in range(a, a + n):
+                    starts[i] = shared
+        self.rows = torch.tensor(fb.req_pool_indices_cpu, dtype=torch.int64)
+        self.starts = torch.tensor(starts, dtype=torch.int64)
+        self.lens = torch.tensor([seq[i] - starts[i] for i in range(B)], dtype=torch.int64)
+
+
+def _native_decode_ok(fb: ForwardBatch, kv_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    if fb.mode is not ForwardMode.DECODE or fb.input_ids.device.type != "cpu" or kv_dtype != torch.float32:
+        return False
+    if heads % kv_heads or head_dim % 8:
+        return False
+    from sgnb.kernels import native
+
+    return heads // kv_heads <= native.MAX_GROUP and native.available()
 
 
 class TorchAttention(AttentionBackend):
@@ -29,6 +71,10 @@ class TorchAttention(AttentionBackend):
     name = "torch"
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if _native_decode_ok(fb, self.kv_cache.k_buffers[0].dtype, self.num_heads, self.num_kv_heads,
+                             self.head_dim):
+            fb.attn_metadata = _NativeDecode(fb)
+            return
         offsets = [0]
         for n in fb.extend_lens_cpu:
             offsets.append(offsets[-1] + n)
@@ -46,6 +92,8 @@ class TorchAttention(AttentionBackend):
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         cache = self.kv_cache
         k_buf, v_buf = cache.k_buffers[layer.layer_id], cache.v_buffers[layer.layer_id]
+        if isinstance(fb.attn_metadata, _NativeDecode):
+            return self._native_decode(q, k_buf, v_buf, fb.req_to_token, fb.attn_metadata, layer.scale)
         offsets, views = fb.attn_metadata
         if fb.groups is None and not views:
             return paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices_cpu,
@@ -76,3 +124,25 @@ class TorchAttention(AttentionBackend):
             o2, lse2 = attend_with_lse(qi, k_buf[rest].transpose(0, 1), v_buf[rest].transpose(0, 1), scale, None)
             o = merge_partials(o, lse, o2, lse2)
         return o.reshape(H, D)
+
+    def _native_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                       plan: _NativeDecode, scale: float) -> torch.Tensor:
+        from sgnb.kernels import native
+
+        B, H, D = q.shape
+        q = q.contiguous()
+        out, lse = native.paged_decode(q, k_buf, v_buf, req_to_token, plan.rows, plan.starts, plan.lens, scale)
+        if not plan.cascades:
+            return out
+        Hkv = k_buf.shape[1]
+        for a, n, prefix, shared in plan.cascades:
+            if isinstance(prefix, int):
+                k, v = k_buf[prefix: prefix + shared], v_buf[prefix: prefix + shared]  # views of the pool
+            else:
+                k, v = k_buf.index_select(0, prefix), v_buf.index_select(0, prefix)
+            qg = q[a: a + n].view(n, Hkv, H // Hkv, D).permute(1, 2, 0, 3)  # (Hkv, G, n, D)
+            o1, l1 = attend_with_lse(qg, k.transpose(0, 1), v.transpose(0, 1), scale, None)
+            o1 = o1.permute(2, 0, 1, 3).reshape(n, H, D)
+            l1 = l1.permute(2, 0, 1).reshape(n, H)
+            out[a: a + n] = merge_partials(o1, l1, out[a: a + n], lse[a: a + n])
+        return out

@@ -84,3 +84,94 @@ def test_q8_layer_holds_a_q8_weight_exactly(m):
     assert rel < 0.02, rel
     if m <= SMALL_M:
         torch.testing.assert_close(got, native.q8_gemv(x, *native.quantize_q8(lin.weight)))
+
+
+def _slot_table(lens: list[int], pool: int, seed: int, fragmented: bool) -> torch.Tensor:
+    """req_to_token rows of the given lengths: random distinct slots, or one contiguous run per request."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.zeros(len(lens) + 2, max(lens) + 8, dtype=torch.int64)
+    perm = torch.randperm(pool - 1, generator=g) + 1
+    at = 0
+    for i, n in enumerate(lens):
+        table[i + 1, :n] = perm[at: at + n] if fragmented else torch.arange(at + 1, at + 1 + n)
+        at += n
+    return table
+
+
+@needs_native
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (16, 2, 128)])
+@pytest.mark.parametrize("fragmented", [False, True])
+def test_paged_decode_equals_reference(heads, kv_heads, dim, fragmented):
+    """One query per request over its keys through the slot table: lengths around the kernel's 256-key chunks,
+    a request starting past its first keys (a shared prefix read elsewhere), against torch (float64)."""
+    lens = [1, 7, 255, 256, 257, 1100]
+    pool = sum(lens) + 50
+    g = torch.Generator().manual_seed(heads)
+    k_buf, v_buf = torch.randn(pool, kv_heads, dim, generator=g), torch.randn(pool, kv_heads, dim, generator=g)
+    table = _slot_table(lens, pool, seed=dim, fragmented=fragmented)
+    rows = torch.arange(1, len(lens) + 1)
+    starts = torch.tensor([0, 3, 0, 0, 100, 64])
+    own = torch.tensor(lens) - starts
+    q = torch.randn(len(lens), heads, dim, generator=g)
+    scale = dim**-0.5
+    out, lse = native.paged_decode(q, k_buf, v_buf, table, rows, starts, own, scale)
+    G = heads // kv_heads
+    for b in range(len(lens)):
+        slots = table[rows[b], starts[b]: starts[b] + own[b]]
+        k = k_buf[slots].double().repeat_interleave(G, dim=1)  # (L, H, D)
+        v = v_buf[slots].double().repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b].double(), k) * scale  # (H, L)
+        torch.testing.assert_close(lse[b].double(), torch.logsumexp(s, -1), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(out[b].double(), torch.einsum("hl,lhd->hd", s.softmax(-1), v),
+                                   atol=2e-5, rtol=1e-4)
+
+
+@needs_native
+def test_paged_decode_with_no_keys_gives_an_empty_partial():
+    k_buf = torch.randn(10, 1, 8)
+    table = torch.arange(10).view(1, 10)
+    out, lse = native.paged_decode(torch.randn(1, 2, 8), k_buf, k_buf.clone(), table, torch.tensor([0]),
+                                   torch.tensor([4]), torch.tensor([0]), 0.5)
+    assert torch.isneginf(lse).all() and (out == 0).all()
+
+
+@needs_native
+@pytest.mark.parametrize("fragmented", [False, True])
+def test_torch_backend_decode_route_equals_the_reference(fragmented):
+    """The CPU backend's decode with the kernel: lone requests and groups sharing a cached prefix (read once,
+    a view when its slots are one run), against paged_attention_ref (the per-request torch reference)."""
+    from sgnb.engine.attention.torch_backend import TorchAttention, _NativeDecode
+    from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
+    from sgnb.engine.kv_pool import KVCache
+    from sgnb.kernels.attention import paged_attention_ref
+
+    H, Hkv, D = 6, 2, 32
+    shared, own = 96, [5, 40, 300, 1, 70]  # requests 1-3 share a 96-token prefix; 0 and 4 are alone
+    lens = [own[0], shared + own[1], shared + own[2], shared + own[3], own[4]]
+    pool = sum(lens) + 16
+    cache = KVCache(pool, 1, Hkv, D, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(7)
+    cache.k_buffers[0][1:] = torch.randn(pool + 1, Hkv, D, generator=g)
+    cache.v_buffers[0][1:] = torch.randn(pool + 1, Hkv, D, generator=g)
+    table = _slot_table(lens, pool, seed=1, fragmented=fragmented)
+    table[2, :shared] = table[4, :shared] = table[3, :shared]  # requests 1-3 (rows 2-4): request 2's prefix
+    B = len(lens)
+    last = [int(table[i + 1, n - 1]) for i, n in enumerate(lens)]
+    spec = BatchSpec(input_ids=[0] * B, out_cache_loc=torch.tensor(last), req_pool_indices=list(range(1, B + 1)),
+                     prefix_lens=[n - 1 for n in lens], extend_lens=[1] * B,
+                     groups=[(0, 1, 0), (1, 3, shared), (4, 1, 0)])
+    fb = ForwardBatch.build(spec, table, torch.device("cpu"))
+    backend = TorchAttention(cache, H, Hkv, D)
+    backend.init_forward_metadata(fb)
+    assert isinstance(fb.attn_metadata, _NativeDecode) and len(fb.attn_metadata.cascades) == 1
+    prefix = fb.attn_metadata.cascades[0][2]
+    assert isinstance(prefix, int) != fragmented  # a view when the prefix is one run of slots
+    q = torch.randn(B, H, D, generator=g)
+
+    class Layer:
+        layer_id, scale = 0, D**-0.5
+
+    got = backend.attend(q, Layer(), fb)
+    want = paged_attention_ref(q, cache.k_buffers[0], cache.v_buffers[0], table, list(range(1, B + 1)),
+                               [n - 1 for n in lens], [1] * B, D**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -248,7 +248,7 @@ def _dispatch_cases():
 
     return [(norm, "rms_norm", "_rms_norm_triton", "rms_norm_ref", norm_args),
             (norm, "fused_add_rms_norm", "_rms_norm_triton", "fused_add_rms_norm_ref", fused_args),
-            (rope, "apply_rope", "_apply_rope_triton", "apply_rope_inplace_ref", rope_args),
+            (rope, "apply_rope", "_apply_rope_triton", "_apply_rope_cpu", rope_args),  # float32 CPU: its fast path
             (activation, "silu_and_mul", "_silu_and_mul_triton", "silu_and_mul_ref", lambda: (torch.randn(2, 8),)),
             (kv_store, "store_kv", "_store_kv_triton", "store_kv_ref", kv_args),
             (bitmask, "apply_token_bitmask", "_apply_token_bitmask_triton", "apply_token_bitmask_ref", mask_args)]
@@ -257,8 +257,9 @@ def _dispatch_cases():
 @pytest.mark.parametrize("interpret", [False, True])
 @pytest.mark.parametrize("case", _dispatch_cases(), ids=lambda c: c[1])
 def test_dispatch(case, interpret, monkeypatch):
-    """CPU tensors take the torch reference, with or without the interpreter (it is for tests, which call the
-    Triton wrappers directly); CUDA tensors take the Triton wrapper."""
+    """CPU tensors take the torch reference (rope in float32: its CPU path, tested against the reference
+    below), with or without the interpreter (it is for tests, which call the Triton wrappers directly); CUDA
+    tensors take the Triton wrapper."""
     module, public, wrapper, ref, make_args = case
 
     class Routed(Exception):
@@ -274,6 +275,29 @@ def test_dispatch(case, interpret, monkeypatch):
     monkeypatch.setattr(_triton_utils, "INTERPRET", interpret)
     getattr(module, public)(*make_args())  # CPU tensors
     assert calls == [ref], calls
+
+
+@pytest.mark.parametrize("T", [0, 1, 7])
+@pytest.mark.parametrize("fused", [True, False])
+def test_rope_cpu_path_equals_reference(T, fused):
+    """The CPU path: q and k of a fused qkv output rotated as one view (or apart), its cached tables and rows
+    refreshed when the positions change in place or another model's tables come."""
+    g = torch.Generator().manual_seed(T)
+    for theta in (10000.0, 500000.0):  # a second model's tables: not the first's cache
+        cos, sin = rope_cos_sin(rope_inv_freq(16, theta, None), 64)
+        pos = torch.randint(0, 64, (T,), generator=g)
+        for _ in range(2):
+            qkv = torch.randn(T, 6 * 16, generator=g)
+            a, b = qkv.clone(), qkv.clone()
+            if fused:
+                q, k = a[:, :64].view(T, 4, 16), a[:, 64:80].view(T, 1, 16)
+            else:
+                q, k = a[:, :64].view(T, 4, 16), a[:, 80:].view(T, 1, 16)  # k not right after q
+            rope.apply_rope(q, k, pos, cos, sin)
+            q2, k2 = (b[:, :64].view(T, 4, 16), b[:, 64:80].view(T, 1, 16) if fused else b[:, 80:].view(T, 1, 16))
+            rope.apply_rope_inplace_ref(q2, k2, pos, cos, sin)
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)  # v and the rest untouched
+            pos.add_(1).remainder_(64)  # in place: the next round must gather new rows
 
 
 def test_lazy_package_exports():
