@@ -181,12 +181,13 @@ def paged_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_
     assert k_buf.is_contiguous() and v_buf.is_contiguous() and k_buf.shape == v_buf.shape and k_buf.shape[2] == D
     assert H % Hkv == 0 and H // Hkv <= MAX_GROUP and D % 8 == 0, (H, Hkv, D)
     assert req_to_token.dtype == torch.int64 and req_to_token.stride(1) == 1, req_to_token.stride()
-    assert rows.dtype == starts.dtype == lens.dtype == torch.int64 and rows.shape == starts.shape == lens.shape == (B,)
+    assert rows.dtype == starts.dtype == lens.dtype == torch.int64, (rows.dtype, starts.dtype, lens.dtype)
+    assert rows.shape == starts.shape == lens.shape == (B,), (rows.shape, starts.shape, lens.shape)
     rows, starts, lens = rows.contiguous(), starts.contiguous(), lens.contiguous()
     out, lse = torch.empty(B, H, D), torch.empty(B, H)
     rc = _need().sgnb_paged_decode(q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), req_to_token.data_ptr(),
-                                   req_to_token.stride(0), rows.data_ptr(), starts.data_ptr(), lens.data_ptr(), B, H, Hkv, D,
-                                   scale, out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+                                   req_to_token.stride(0), rows.data_ptr(), starts.data_ptr(), lens.data_ptr(),
+                                   B, H, Hkv, D, scale, out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     if rc:
         raise RuntimeError(f"sgnb_paged_decode failed ({rc})")
     return out, lse
