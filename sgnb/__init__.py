@@ -30,6 +30,7 @@ from sgnb.primitives import (
     system_begin,
     system_end,
     token_length_normalized,
+    tool,
     unconditional_likelihood_normalized,
     user,
     user_begin,
@@ -130,6 +131,6 @@ __all__ = [
     "SglFunction", "VertexAI", "assistant",
     "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
     "get_default_backend", "get_server_info", "image", "load_notebook", "select", "separate_reasoning",
-    "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
+    "set_default_backend", "system", "system_begin", "system_end", "tool", "user", "user_begin", "user_end", "video",
     "__version__",
 ]

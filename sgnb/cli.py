@@ -85,6 +85,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     access.add_argument("--max-n", type=int, default=None, metavar="N", help="samples per prompt (default 64)")
     access.add_argument("--max-top-logprobs-num", type=int, default=None, metavar="N",
                         help="top_logprobs_num on /generate (default 64; the OpenAI routes allow 20)")
+    parser.add_argument("--incremental-streaming-output", action="store_true",
+                        help="as SGLang's flag: /generate stream chunks carry only the new text, output ids and "
+                             "output logprobs (default: the text and logprobs so far)")
     add_engine_arguments(parser)
 
 
@@ -96,7 +99,8 @@ def server_options(args: argparse.Namespace) -> Any:
              "max_top_logprobs_num": args.max_top_logprobs_num}
     hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,
-                         allowed_hosts=hosts, **{k: v for k, v in given.items() if v is not None})
+                         allowed_hosts=hosts, incremental_streaming_output=args.incremental_streaming_output,
+                         **{k: v for k, v in given.items() if v is not None})
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -11,12 +11,20 @@ them. The event is `{"type": "image" | "video", "index": n (0-based over the sta
 appended, "source": a short label (path, URL or what the value is), "path": the same (older views read it),
 "thumbnail": a PNG data: URL <= 96 px or None (an http(s) URL is not fetched)}`, a video's also with "frames" (a
 few frame thumbnails) and "num_frames". The "text" events plus these tokens make up the state's text.
+
+Tool calls (`gen(tools=...)`, sgnb.tools has the format): on a completion-style backend the interpreter decodes
+them through plain generate calls, as `sgnb serve` does ("required": the text gets <tool_call>, then one call
+constrained by the tools' schemas, then </tool_call>; "auto": text that stops where a call opens, then the
+call); a chat backend (`is_chat_model`) is sent the tools and returns OpenAI's tool_calls, written into the text
+in sgnb's format. Either way the message of the open role keeps the text as content minus what is not content
+(tool descriptions, calls), with `tool_calls`; a "tool" message carries the `tool_call_id` it answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import queue
 import re
@@ -33,6 +41,15 @@ from sgnb.backends.base import Backend, GenContext
 from sgnb.chat_template import ChatTemplate
 from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
+from sgnb.tools import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ToolPlan,
+    call_text,
+    joined_meta,
+    opened_call,
+    parse_call,
+)
 from sgnb.user_code import (
     _chain,
     frame_at,
@@ -132,6 +149,12 @@ class StreamExecutor:
         self._pending_lock = threading.Lock()
         self.cur_role: str | None = None
         self.cur_role_begin = 0
+        # the open role's spans of text that are not message content (tool descriptions, calls), its calls, and
+        # the call a tool message answers; the calls of the last assistant message no tool message answered yet
+        self.role_hidden: list[tuple[int, int]] = []
+        self.role_calls: list[dict[str, Any]] = []
+        self.role_answers: str | None = None
+        self.unanswered: list[str] = []
         self.var_scopes: dict[str, int] = {}
         self.fork_start = 0
         self.fork_media = 0  # images_ inherited from the parent at the fork
@@ -219,7 +242,7 @@ class StreamExecutor:
         nxt.variables, nxt.meta_info = dict(self.variables), dict(self.meta_info)
         for k in nxt.variables:
             nxt.var_events[k].set()
-        nxt.cur_role, nxt.cur_role_begin = self.cur_role, self.cur_role_begin
+        self._copy_role_into(nxt)
         nxt.var_scopes, nxt.program_scratch = dict(self.var_scopes), self.program_scratch
         nxt.fork_start, nxt.fork_media = self.fork_start, self.fork_media
         if self.text_:  # text_iter() of the continued state reads its whole text
@@ -296,7 +319,7 @@ class StreamExecutor:
         self.current_rid = f"{self.id}-{uuid.uuid4().hex[:8]}"
         messages = list(self.messages_)
         if self.cur_role is not None:  # an open role: its content so far is the last message
-            messages.append({"role": self.cur_role, "content": self.text_[self.cur_role_begin:]})
+            messages.append(self._role_message())
         return GenContext(self.text_, messages, self.current_rid, list(self.images_), self.program_scratch,
                           self.num_api_spec_tokens, self.cur_role)
 
@@ -307,29 +330,95 @@ class StreamExecutor:
         ctx = self._context()
         self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
                    "constraint": params.regex or params.json_schema or params.ebnf})
-        if self.stream:
-            # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
-            # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
-            pieces, meta, held, held_meta = [], {}, "", {}
-            for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
-                pieces.append(piece)
-                if piece and held:
-                    self._append(held, node.name, held_meta)
-                    held = ""
-                held, held_meta = held + piece, meta
-            self._append(held, node.name, meta)
-            value = "".join(pieces)
+        value: Any
+        if node.tools is not None:
+            value, meta = self._gen_tools(node.name, node.tools, params, ctx)
+        elif (params.n or 1) > 1:
+            samples = self.backend.generate_samples(ctx, params)
+            texts, metas = [t for t, _ in samples], [m for _, m in samples]
+            self._append(texts[0], node.name, metas[0])  # the program goes on with the first, as in SGLang
+            value = [_convert(t, node.dtype) for t in texts] if node.dtype is not None else texts
+            meta = {**metas[0], "samples": metas}
         else:
-            value, meta = self.backend.generate(ctx, params)
-            self._append(value, node.name, meta)
-        if node.dtype is not None:
-            value = _convert(value, node.dtype)
+            if self.stream:
+                value, meta = self._gen_stream(node.name, ctx, params)
+            else:
+                value, meta = self.backend.generate(ctx, params)
+                self._append(value, node.name, meta)
+            if node.dtype is not None:
+                value = _convert(value, node.dtype)
         # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
         self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta),
                    "prompt_chars": len(ctx.text)})
         if node.name is not None:
             self.meta_info[node.name] = meta
             self._set_var(node.name, value)
+
+    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+        # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
+        # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
+        pieces, meta, held, held_meta = [], {}, "", {}
+        for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
+            pieces.append(piece)
+            if piece and held:
+                self._append(held, name, held_meta)
+                held = ""
+            held, held_meta = held + piece, meta
+        self._append(held, name, meta)
+        return "".join(pieces), meta
+
+    def _gen_tools(self, name: str | None, plan: ToolPlan, params: GenParams,
+                   ctx: GenContext) -> tuple[str, dict[str, Any]]:
+        """A gen that may (or must) call a tool. Returns the text it appended and its meta_info, whose
+        "tool_calls" holds the calls (OpenAI's shape; [] for a text reply or a call cut short by max_tokens)."""
+        begin = len(self.text_)
+        if self.backend.is_chat_model:  # the API decodes the call; its calls go into the text in sgnb's format
+            content, calls, meta = self.backend.generate_tool_call(ctx, params, plan)
+            self._append(content, name, meta)
+            start = len(self.text_)
+            self._append("\n".join(call_text(c["function"]["name"], _arguments(c)) for c in calls), name)
+            if calls:
+                self._hide(start, calls)
+            return self.text_[begin:], {**meta, "tool_calls": calls}
+        sp = dataclasses.asdict(params)
+        used, first = 0, None
+        if plan.mode == "required":
+            opened = "tagged"
+        else:
+            content, first = self.backend.generate(ctx, _sampling(plan.text_params(sp)))
+            self._append(content, name, first)
+            opened = opened_call(first.get("finish_reason"))
+            if opened is None:
+                return self.text_[begin:], {**first, "tool_calls": []}
+            used = int(first.get("completion_tokens") or 0)
+        start = len(self.text_)
+        if opened == "tagged":
+            self._append(TOOL_CALL_OPEN + "\n", name)
+        budget = (params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens or 1) - used
+        raw, meta = self.backend.generate(self._context(), _sampling(plan.call_params(sp, budget)))
+        self._append(raw, name, meta)
+        call = parse_call(raw, plan)
+        if call is not None:
+            if opened == "tagged":
+                self._append("\n" + TOOL_CALL_CLOSE, name)
+            self._hide(start, [call])
+        meta = joined_meta(first, meta) if first is not None else meta
+        return self.text_[begin:], {**meta, "tool_calls": [call] if call is not None else []}
+
+    def _hide(self, start: int, calls: list[dict[str, Any]]) -> None:
+        """text_[start:] holds `calls`: it is not the open role's content, and the message carries the calls."""
+        if self.cur_role is not None:
+            self.role_hidden.append((start, len(self.text_)))
+            self.role_calls.extend(calls)
+
+    def _tools(self, node: ir.Tools) -> None:
+        if self.cur_role is None:
+            raise ValueError("tool descriptions go inside a message: system(..., tools=[...])")
+        text = self.chat_template.tools_text(node.plan.tools, node.plan.functions,
+                                             after_content=len(self.text_) > self.cur_role_begin)
+        start = len(self.text_)
+        self._append(text)
+        self.role_hidden.append((start, len(self.text_)))
 
     def _select(self, node: ir.Select) -> None:
         ctx = self._context()
@@ -353,16 +442,48 @@ class StreamExecutor:
         prefix, _ = tmpl.prefix_and_suffix(node.role)
         self._append(prefix)
         self.cur_role, self.cur_role_begin = node.role, len(self.text_)
+        self.role_hidden, self.role_calls, self.role_answers = [], [], None
+        if node.role == "tool":  # the call it answers: the one named, else the next unanswered one
+            answers = node.tool_call_id
+            if answers is None and self.unanswered:
+                answers = self.unanswered[0]
+            if answers in self.unanswered:
+                self.unanswered.remove(answers)
+            self.role_answers = answers
         self.emit({"type": "role_begin", "role": node.role})
 
     def _role_end(self, node: ir.RoleEnd) -> None:
         if self.cur_role != node.role:
             raise ValueError(f"role {node.role!r} ends but the open role is {self.cur_role!r}")
-        self.messages_.append({"role": node.role, "content": self.text_[self.cur_role_begin:]})
+        message = self._role_message()
+        self.messages_.append(message)
+        if node.role == "assistant":
+            self.unanswered = [c["id"] for c in self.role_calls]
         _, suffix = self.chat_template.prefix_and_suffix(node.role)
         self.cur_role = None
         self._append(suffix)
         self.emit({"type": "role_end", "role": node.role})
+
+    def _role_message(self) -> dict[str, Any]:
+        """The open role's message: its text less what is not content, with its tool calls (an assistant's)
+        or the call it answers (a tool's)."""
+        parts, pos = [], self.cur_role_begin
+        for start, end in self.role_hidden:
+            parts.append(self.text_[pos:start])
+            pos = end
+        parts.append(self.text_[pos:])
+        message: dict[str, Any] = {"role": self.cur_role, "content": "".join(parts)}
+        if self.role_calls:
+            message["tool_calls"] = list(self.role_calls)
+        if self.role_answers is not None:
+            message["tool_call_id"] = self.role_answers
+        return message
+
+    def _copy_role_into(self, other: StreamExecutor) -> None:
+        """A fork, copy or continuation goes on inside the same open role (with its calls)."""
+        other.cur_role, other.cur_role_begin = self.cur_role, self.cur_role_begin
+        other.role_hidden, other.role_calls = list(self.role_hidden), list(self.role_calls)
+        other.role_answers, other.unanswered = self.role_answers, list(self.unanswered)
 
     def _image(self, node: ir.Image) -> None:
         media = Media("image", node.path)
@@ -503,7 +624,7 @@ class StreamExecutor:
             child.name = self.name
             self.children.add(child)
             child.text_, child.messages_, child.images_ = self.text_, list(self.messages_), list(self.images_)
-            child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
+            self._copy_role_into(child)
             child.variables = dict(self.variables)
             for k in child.variables:
                 child.var_events[k].set()
@@ -517,6 +638,20 @@ def _describe(error: BaseException, where: str | None) -> str:
     """A program's failure in one line: the error (its type named unless it is a ProgramError) and the line."""
     text = str(error) if isinstance(error, ProgramError) else f"{type(error).__name__}: {error}"
     return f"{text} (at {where})" if where and where not in text else text
+
+
+def _sampling(values: dict[str, Any]) -> GenParams:
+    """GenParams of a tool plan's sampling values (its lists as tuples)."""
+    return GenParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    """A call's arguments, parsed from their JSON string (kept as the string when it is not JSON)."""
+    args = call["function"].get("arguments", "{}")
+    try:
+        return json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        return args
 
 
 def _convert(value: str, dtype: type) -> Any:
@@ -544,6 +679,7 @@ _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     ir.Select: StreamExecutor._select,
     ir.RoleBegin: StreamExecutor._role_begin,
     ir.RoleEnd: StreamExecutor._role_end,
+    ir.Tools: StreamExecutor._tools,
     ir.Image: StreamExecutor._image,
     ir.Video: StreamExecutor._video,
     ir.VarScopeBegin: StreamExecutor._var_scope_begin,

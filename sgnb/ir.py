@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgnb.sampling import GenParams
+from sgnb.tools import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Gen(Node):
     name: str | None
     params: GenParams
     dtype: type | None = None  # int | float | str | bool: a typed value (needs constrained decoding)
+    tools: ToolPlan | None = None  # gen(tools=...): the reply may (or must) be a call of one of them
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,19 @@ class Select(Node):
 @dataclass(frozen=True)
 class RoleBegin(Node):
     role: str
+    tool_call_id: str | None = None  # a "tool" message: the call it answers (None: the next unanswered one)
 
 
 @dataclass(frozen=True)
 class RoleEnd(Node):
     role: str
+
+
+@dataclass(frozen=True)
+class Tools(Node):
+    """The descriptions of `plan`'s tools, in a system message (system(..., tools=[...]))."""
+
+    plan: ToolPlan
 
 
 @dataclass(frozen=True)

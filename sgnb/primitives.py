@@ -5,12 +5,14 @@ Each returns IR nodes; values are checked here, at the user's line, before anyth
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sgnb import ir
 from sgnb.engine.scoring import SCORING_METHODS
 from sgnb.media import DEFAULT_NUM_FRAMES, check_image, check_video
 from sgnb.sampling import GEN_NAMES, GenParams
+from sgnb.tools import ToolPlan, ToolSpecError, tool_plan
 from sgnb.user_code import user_location
 
 _DTYPES = (int, float, str, bool)
@@ -24,21 +26,50 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: type | None = None,
         choices: list[str] | None = None, choices_method: str | None = None, regex: str | None = None,
-        json_schema: Any = None, grammar: str | None = None, repetition_penalty: float | None = None) -> ir.Node:
+        json_schema: Any = None, grammar: str | None = None, repetition_penalty: float | None = None,
+        tools: list[dict[str, Any]] | None = None, tool_choice: Any = None) -> ir.Node:
     """Generate text into variable `name`. Unset parameters inherit the program's run() defaults.
-    `choices=[...]` makes it a select; `dtype=int|float|str|bool` constrains and converts the value."""
+    `choices=[...]` makes it a select; `dtype=int|float|str|bool` constrains and converts the value.
+
+    `n=k` (k > 1) draws k samples of one request: the variable holds the k texts (a list, each converted by
+    `dtype`), the program's text goes on with the first, and get_meta_info(name) is the first's with "samples"
+    (every sample's meta_info), as SGLang's frontend keeps them.
+
+    `tools=[...]` (OpenAI's tool shapes) lets the reply be a tool call, as tool_choice says: "auto" (the
+    default: text, or a call once the model opens one), "required" (a call to one of them) or
+    {"type": "function", "function": {"name": ...}} (a call to that one); a call is decoded under its function's
+    JSON schema. The calls are get_meta_info(name)["tool_calls"] (OpenAI's shape; also `s.tool_calls(name)`);
+    the variable and the text hold the reply as the model wrote it (<tool_call>...</tool_call>; with
+    run(stream=True) it arrives in one piece). Describe the tools to the model with system(..., tools=[...])
+    and answer a call with tool(result)."""
     keywords = dict(locals())  # gen()'s arguments: from_keywords reads GenParams' fields (as GEN_NAMES spells them)
     where = user_location()
+    plan = _tool_plan_at("gen", tools, tool_choice)
     if choices is not None:
+        if plan is not None:
+            raise ValueError("gen(choices=...) is a select: it cannot call tools")
         return select(name, choices, temperature or 0.0, choices_method or "token_length_normalized")
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"gen(dtype=...) takes one of int, float, str, bool; got {dtype!r}")
-    if n not in (None, 1):
-        raise ValueError("gen(n=...) > 1 is not supported inside a program: use s.fork(n) for parallel samples")
-    params = GenParams.from_keywords({**keywords, "n": None}, GEN_NAMES)  # n=1 is one sample: the default
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"gen(n=...) must be an int >= 1, got {n!r}")
+    params = GenParams.from_keywords({**keywords, "n": None if n == 1 else n}, GEN_NAMES)  # n=1: the default
     if dtype is not None and (params.regex or params.json_schema or params.ebnf):
         raise ValueError("gen(dtype=...) cannot be combined with regex / json_schema / grammar")
-    return ir.Gen(name, params, dtype, where=where)
+    if plan is not None and (dtype is not None or params.regex or params.json_schema or params.ebnf):
+        raise ValueError("gen(tools=...) cannot be combined with dtype / regex / json_schema / grammar: the call "
+                         "is constrained by the tools' schemas")
+    if plan is not None and params.n is not None:
+        raise ValueError("gen(tools=...) takes one sample (n=1): fork the program for several")
+    return ir.Gen(name, params, dtype, plan, where=where)
+
+
+def _tool_plan_at(call: str, tools: Any, tool_choice: Any) -> ToolPlan | None:
+    """tool_plan, a bad spec raised as a ValueError naming the primitive's argument (at the user's line)."""
+    try:
+        return tool_plan(tools, tool_choice)
+    except ToolSpecError as e:
+        raise ValueError(f"{call}({e.param}=...): {e}") from None
 
 
 # SGLang's ready-made patterns for gen(regex=...), with SGLang's values (sglang.lang.ir), so programs using them
@@ -90,19 +121,38 @@ def as_node(value: Any) -> ir.Node:
     raise TypeError(f"cannot append a {type(value).__name__} to a program: use a str or an sgnb primitive")
 
 
-def role(name: str, content: Any = None) -> ir.Node:
+def role(name: str, content: Any = None, tools: list[dict[str, Any]] | None = None,
+         tool_call_id: str | None = None) -> ir.Node:
     """A message of role `name` with `content` (a str or primitives; None: an empty message). The one place a
     message is built: sgl.user(...), s.user(...) and a traced program's roles all come here (`with s.user():`
-    appends the begin and end nodes around the block instead)."""
+    appends the begin and end nodes around the block instead). `tools` (a system message): their descriptions
+    follow the content; `tool_call_id` (a tool message): the call it answers."""
     where = user_location()
-    items: tuple[ir.Node, ...] = (ir.RoleBegin(name),)
+    items: tuple[ir.Node, ...] = (ir.RoleBegin(name, tool_call_id),)
     if content is not None:
         items += (as_node(content),)
+    if tools is not None:
+        plan = _tool_plan_at(name, tools, "auto")
+        if plan is None:
+            raise ValueError("system(tools=...) needs at least one tool")
+        items += (ir.Tools(plan),)
     return ir.Sequence(items + (ir.RoleEnd(name),), where=where)
 
 
-def system(content: Any = None) -> ir.Node:
-    return role("system", content)
+def system(content: Any = None, tools: list[dict[str, Any]] | None = None) -> ir.Node:
+    """A system message; `tools=[...]` (OpenAI's tool shapes) describes them to the model after the content, as
+    its chat template does (else in sgnb's tool prompt, as `sgnb serve` does), for gen(tools=...) later. The
+    descriptions are in the text, not in the message's content (what a chat API is sent with the gen's tools)."""
+    return role("system", content, tools)
+
+
+def tool(content: Any = None, tool_call_id: str | None = None) -> ir.Node:
+    """A tool's result, in a "tool" message (rendered as the chat template renders that role, else as a user
+    message holding <tool_response>...</tool_response>). A dict or list is sent as JSON. `tool_call_id`: the
+    call it answers (default: the next unanswered call of the last assistant message)."""
+    if isinstance(content, (dict, list)):
+        content = json.dumps(content, ensure_ascii=False)
+    return role("tool", content, tool_call_id=tool_call_id)
 
 
 def user(content: Any = None) -> ir.Node:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sgnb import ir
 from sgnb.interpreter import ProgramError, StreamExecutor
-from sgnb.primitives import as_node, role
+from sgnb.primitives import as_node, role, tool
 from sgnb.user_code import user_location
 
 
@@ -37,27 +37,36 @@ class ProgramState:
         self._live().submit(node)
         return self
 
-    def _role(self, name: str, content: Any = None) -> Any:
-        if content is None:
-            return self._role_scope(name)
-        self += role(name, content)
+    def _role(self, name: str, content: Any = None, tools: list[dict[str, Any]] | None = None,
+              tool_call_id: str | None = None) -> Any:
+        if content is None and tools is None:
+            return self._role_scope(name, tool_call_id)
+        self += role(name, content, tools, tool_call_id)
         return None
 
     @contextlib.contextmanager
-    def _role_scope(self, name: str) -> Iterator[None]:
-        self._live().submit(ir.RoleBegin(name, where=user_location()))
+    def _role_scope(self, name: str, tool_call_id: str | None = None) -> Iterator[None]:
+        self._live().submit(ir.RoleBegin(name, tool_call_id, where=user_location()))
         yield
         self._live().submit(ir.RoleEnd(name, where=user_location()))
 
-    def system(self, content: Any = None) -> Any:
-        """`s.system("...")` appends a system message; `with s.system(): ...` wraps appends in one."""
-        return self._role("system", content)
+    def system(self, content: Any = None, tools: list[dict[str, Any]] | None = None) -> Any:
+        """`s.system("...")` appends a system message; `with s.system(): ...` wraps appends in one.
+        `tools=[...]`: the message describes them too (see sgnb.system)."""
+        return self._role("system", content, tools=tools)
 
     def user(self, content: Any = None) -> Any:
         return self._role("user", content)
 
     def assistant(self, content: Any = None) -> Any:
         return self._role("assistant", content)
+
+    def tool(self, content: Any = None, tool_call_id: str | None = None) -> Any:
+        """`s.tool(result)` appends a tool's result (see sgnb.tool); `with s.tool(): ...` wraps appends in one."""
+        if content is None:
+            return self._role_scope("tool", tool_call_id)
+        self += tool(content, tool_call_id)
+        return None
 
     @contextlib.contextmanager
     def var_scope(self, name: str) -> Iterator[None]:
@@ -96,6 +105,11 @@ class ProgramState:
     def get_meta_info(self, name: str) -> dict[str, Any]:
         self.get_var(name)
         return self.executor.meta_info.get(name, {})
+
+    def tool_calls(self, name: str) -> list[dict[str, Any]]:
+        """The tool calls gen(name, tools=...) made, in OpenAI's shape ({"id", "type": "function", "function":
+        {"name", "arguments": a JSON string}}); [] when it answered in text (or max_tokens cut the call)."""
+        return list(self.get_meta_info(name).get("tool_calls") or [])
 
     def sync(self) -> ProgramState:
         """Wait until every appended primitive ran; raise the program's error if it failed."""

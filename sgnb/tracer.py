@@ -49,7 +49,7 @@ class _Recorder(StreamExecutor):
             if isinstance(item, ir.Text) and _MARK in item.text:
                 self._append(item.text[:item.text.index(_MARK)])
                 self.constant = False
-            elif isinstance(item, (ir.Text, ir.RoleBegin, ir.RoleEnd)):
+            elif isinstance(item, (ir.Text, ir.RoleBegin, ir.RoleEnd, ir.Tools)):
                 try:
                     self._execute(item)
                 except ValueError:  # a misplaced role: the run fails there, so the prefix ends there

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real engine on the default model and the HF transformers oracle on the same weights."""
+"""Shared fixtures: one real engine on the default model and the HF transformers oracle on the same weights; the
+browser tests' chromium and Playwright browser come from tests/browsers.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# test helpers that are not tests (tests/llava_fixtures.py) import by name
+# test helpers that are not tests (tests/llava_fixtures.py, tests/browsers.py) import by name
 sys.path.insert(0, str(Path(__file__).parent))
+pytest_plugins = ["browsers"]  # the browser tests' fixtures: chromium, browser
 
 # Without a GPU the Triton kernels run in Triton's interpreter (the kernel tests, and the engine with
 # attention_backend="triton"). Triton reads this when a kernel is decorated, i.e. when sgnb.kernels' modules
@@ -27,6 +29,18 @@ def engine():
     eng = Engine("smollm2", quantization="none")  # exact fp32: the HF oracle tests
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server(engine):
+    """`sgnb serve` on loopback (a free port) over the session's engine, for the clients under test (sgnb's
+    RuntimeEndpoint and OpenAI backends, the official `openai` client, SGLang's frontend). A module that needs
+    other server options starts its own."""
+    from sgnb.server import start_server_thread
+
+    handle = start_server_thread(engine, "127.0.0.1", 0)
+    yield handle
+    handle.stop()
 
 
 @pytest.fixture(scope="session")

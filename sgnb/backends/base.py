@@ -6,13 +6,17 @@ called from the programs' executor threads, concurrently: implementations must b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgnb.chat_template import PLAIN, ChatTemplate
 from sgnb.media import Media, is_url
 from sgnb.sampling import GenParams
+
+if TYPE_CHECKING:
+    from sgnb.tools import ToolPlan
 
 
 @dataclass
@@ -80,6 +84,20 @@ class Backend:
         """Yields (new text, meta_info) chunks; the last chunk's meta_info is complete."""
         text, meta = self.generate(ctx, params)
         yield text, meta
+
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+        """`params.n` samples of the gen, as (text, meta_info) pairs. This default asks for them one request
+        each; backends whose API samples n at once override it."""
+        one = dataclasses.replace(params, n=None)
+        return [self.generate(ctx, one) for _ in range(params.n or 1)]
+
+    def generate_tool_call(self, ctx: GenContext, params: GenParams,
+                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        """A chat model's reply to a gen with tools: (its text content, its tool calls in OpenAI's shape,
+        meta_info). Completion-style backends need not implement it: the interpreter decodes calls through
+        generate() with the tools' schemas."""
+        raise BackendError(f"{type(self).__name__} cannot make tool calls (gen(tools=...)): use the in-process "
+                           "Runtime, a RuntimeEndpoint or an OpenAI backend")
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,
                choices_method: str) -> ChoiceDecision:

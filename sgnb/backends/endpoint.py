@@ -150,13 +150,29 @@ class RuntimeEndpoint(Backend):
         out = self._generate(self._payload(ctx, params), ctx.rid)
         return out["text"], out["meta_info"]
 
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+        out = self._generate(self._payload(ctx, params), ctx.rid)  # n > 1: the server answers a list
+        return [(o["text"], o["meta_info"]) for o in (out if isinstance(out, list) else [out])]
+
+    @cached_property
+    def _incremental(self) -> bool:
+        """Whether the server streams only what is new per chunk (SGLang's --incremental-streaming-output, which
+        its /get_server_info tells); otherwise the text and logprobs so far, as by default."""
+        try:
+            return bool(self._get("/get_server_info").get("incremental_streaming_output"))
+        except (BackendError, ValueError, AttributeError):
+            return False
+
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Yields new text per SSE chunk (SGLang's server sends the cumulative text; we yield the deltas)."""
+        """Yields the new text per SSE chunk with the gen's meta_info so far (its output logprobs all of them,
+        whether the server sends the text and logprobs so far, SGLang's default, or only the new ones)."""
         payload = {**self._payload(ctx, params), "stream": True}
+        incremental = self._incremental
         res = self._call("POST", "/generate", payload, stream=True)
         finished = False
         try:
             sent = 0
+            seen: dict[str, list] = {}  # incremental: the output (top) logprobs so far
             for line in res.iter_lines():
                 if not line.startswith(b"data:"):
                     continue
@@ -171,6 +187,14 @@ class RuntimeEndpoint(Backend):
                     finished = True
                     _raise_if_failed(chunk)
                 text = chunk.get("text", "")
+                if incremental:
+                    for key in ("output_token_logprobs", "output_top_logprobs"):
+                        if meta.get(key) is not None:
+                            seen[key] = seen.get(key, []) + list(meta[key])
+                            meta = {**meta, key: seen[key]}
+                    if text or finished:
+                        yield text, meta
+                    continue
                 if len(text) > sent or finished:
                     yield text[sent:], meta
                     sent = max(sent, len(text))
@@ -240,8 +264,9 @@ def _template_from_jinja(source: str, info: dict[str, Any], name: str) -> ChatTe
 
     compiled = compile_chat_template(source)
     tokens = {k: info[k] for k in ("bos_token", "eos_token") if isinstance(info.get(k), str)}
-    return derive_from_jinja(lambda m, g: compiled.render(messages=m, add_generation_prompt=g, tools=None,
-                                                         documents=None, **tokens), name)
+    variables = {"tools": None, "documents": None, **tokens}
+    return derive_from_jinja(lambda m, g, **kw: compiled.render(messages=m, add_generation_prompt=g,
+                                                               **{**variables, **kw}), name)
 
 
 def _entries(out: dict[str, Any]) -> list[tuple]:

@@ -23,11 +23,12 @@ programs and forks never share it. `backend.usage` counts calls and tokens (thre
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgnb.backends._api_common import Usage, api_errors, check_assistant_turn, check_one_sample, token_counts
 from sgnb.backends._select import select_by_logprobs
@@ -36,6 +37,9 @@ from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
 from sgnb.engine.scoring import start_len
 from sgnb.media import IMAGE_MARKER, VIDEO_MARKER, Media, data_url, with_media_parts
 from sgnb.sampling import OPENAI_NAMES, OPENAI_STANDARD, SAMPLING_DEFAULTS, SAMPLING_FIELDS, GenParams
+
+if TYPE_CHECKING:
+    from sgnb.tools import ToolPlan
 
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 
@@ -217,6 +221,35 @@ class OpenAI(Backend):
         resp = self._completion(ctx, "completion", prompt=ctx.text, n=1, **kwargs)
         choice = resp.choices[0]
         return choice.text, _meta(resp, choice)
+
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+        """n samples in one call (the API's n): one (text, meta_info) per choice (the token counts in each are
+        the call's)."""
+        kwargs = self._kwargs(dataclasses.replace(params, n=None))
+        if self.is_chat_model:
+            with self._api_errors("chat completion"):
+                resp = self.client.chat.completions.create(model=self.model, messages=self._chat_messages(ctx),
+                                                           n=params.n, **kwargs)
+            self._count(ctx, resp.usage)
+            texts = [c.message.content or "" for c in resp.choices]
+        else:
+            resp = self._completion(ctx, "completion", prompt=ctx.text, n=params.n, **kwargs)
+            texts = [c.text for c in resp.choices]
+        return [(text, _meta(resp, c)) for c, text in sorted(zip(resp.choices, texts), key=lambda ct: ct[0].index)]
+
+    def generate_tool_call(self, ctx: GenContext, params: GenParams,
+                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        """A chat model is sent the tools and tool_choice (as given) and returns OpenAI's tool_calls."""
+        kwargs = self._kwargs(params)
+        with self._api_errors("chat completion with tools"):
+            resp = self.client.chat.completions.create(model=self.model, messages=self._chat_messages(ctx), n=1,
+                                                       tools=plan.tools, tool_choice=plan.choice, **kwargs)
+        self._count(ctx, resp.usage)
+        choice = resp.choices[0]
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                 for c in choice.message.tool_calls or []]
+        return choice.message.content or "", calls, _meta(resp, choice)
 
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         if ctx.num_api_spec_tokens and not self.is_chat_model:

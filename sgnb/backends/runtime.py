@@ -34,7 +34,7 @@ class Runtime(Backend):
             from sgnb.chat_template import PLAIN
 
             return PLAIN
-        return derive_from_jinja(lambda m, g: tok.apply_chat_template(m, add_generation_prompt=g),
+        return derive_from_jinja(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g, **kw),
                                  self.engine.model_name)
 
     def get_chat_template(self) -> ChatTemplate:
@@ -63,6 +63,13 @@ class Runtime(Backend):
         out = self.engine.generate(**self._request(ctx, params))
         _raise_if_aborted(out["meta_info"])
         return out["text"], self._with_tokens(out["meta_info"], out["output_ids"])
+
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+        outs = self.engine.generate(**self._request(ctx, params))  # one request: the n samples share the prefix
+        outs = outs if isinstance(outs, list) else [outs]
+        for out in outs:
+            _raise_if_aborted(out["meta_info"])
+        return [(out["text"], self._with_tokens(out["meta_info"], out["output_ids"])) for out in outs]
 
     def _with_tokens(self, meta: dict[str, Any], output_ids: list[int]) -> dict[str, Any]:
         """Add the output tokens as (text, forced) pairs, for views that mark jump-forward spans."""

@@ -6,13 +6,16 @@
     handle.url, handle.stop()
 
 Modules: `protocol` (errors as JSON, bodies in and out, the request schemas, request ids, OpenAI response
-pieces), `access` (ServerOptions and the guard in front of every route), `streaming` (SSE that stops when the
+pieces; the tool-call machinery is `sgnb.tools`), `access` (ServerOptions and the guard in front of every route), `streaming` (SSE that stops when the
 client leaves, interleaved engine streams), `media` (images and videos from clients), `native_api` and
 `openai_api` (the route handlers), `app` (the app, `serve`, `ServerThread`).
 
 Native API (what SGLang's `RuntimeEndpoint` speaks): POST /generate, GET /get_model_info (/model_info),
 GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request,
-POST /concate_and_append_request (accepted: KV is found by text, nothing moves).
+POST /concate_and_append_request (accepted: KV is found by text, nothing moves). A /generate stream's chunks
+carry the text and output logprobs so far, as SGLang's server by default, or only the new ones with
+`--incremental-streaming-output` (ServerOptions.incremental_streaming_output; /get_server_info says which).
+Tool calls (`sgnb.tools`, shared with the language's gen(tools=...)) are the OpenAI routes'.
 OpenAI API: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions.
 
 Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but

@@ -27,6 +27,9 @@ class ServerOptions:
     requests whose Host is the bound address, a loopback name or one of allowed_hosts ("*": any), refuses
     cross-origin ones (an Origin header that is not such a host) and POSTs that are not application/json: what
     keeps a web page (DNS rebinding, a cross-site form) from driving it. Limits answer 413 / 400.
+
+    incremental_streaming_output (SGLang's `--incremental-streaming-output`): /generate stream chunks carry the
+    new text, output ids and output logprobs only (by default the text and logprobs so far, as SGLang's default).
     """
 
     api_key: str | None = None
@@ -36,6 +39,7 @@ class ServerOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_n: int = 64  # samples per prompt
     max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
+    incremental_streaming_output: bool = False
 
     def host_allowed(self, host: str) -> bool:
         if "*" in self.allowed_hosts:

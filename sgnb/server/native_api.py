@@ -131,7 +131,7 @@ class NativeRoutes(_Routes):
                         logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
                         return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
                         **media_kw(None if batched else 0))
-                return _json_response(_sglang_input_logprobs(out))
+                return _json_response(_sglang_logprobs(out))
 
             calls = []
             for i, prompt in enumerate(prompts):
@@ -153,16 +153,23 @@ class NativeRoutes(_Routes):
 
     async def _native_events(self, streams: list[AsyncIterator[dict]], ids: dict[str, list[str]],
                              indexed: bool) -> AsyncIterator[bytes]:
-        """SGLang's stream format: each chunk carries the cumulative text so far; then `data: [DONE]`."""
+        """SGLang's stream format: each chunk carries the text so far (with incremental_streaming_output: the
+        new text, output ids and output logprobs only; output_token_logprobs_length counts them all); then
+        `data: [DONE]`."""
+        incremental = self.options.incremental_streaming_output
         texts = [""] * len(streams)
+        sent = [0] * len(streams)  # output tokens sent so far, per stream
         with self.inflight.track(ids):
             try:
                 async with contextlib.aclosing(_merge(streams)) as chunks:
                     async for i, chunk in chunks:
                         texts[i] += chunk["text"]
-                        out = _sglang_input_logprobs({**chunk, "text": texts[i]})
+                        out = _sglang_logprobs({**chunk, "text": chunk["text"] if incremental else texts[i]})
                         if "output_ids" not in chunk:  # not the last chunk
-                            out["meta_info"] = {**chunk["meta_info"], "finish_reason": None}
+                            out["meta_info"] = {**out["meta_info"], "finish_reason": None}
+                        if incremental:
+                            out = _new_part(out, sent[i])
+                            sent[i] = out["meta_info"].get("completion_tokens", sent[i])
                         if indexed:
                             out["index"] = i
                         yield _sse(out)
@@ -204,6 +211,7 @@ class NativeRoutes(_Routes):
             "has_image_understanding": e.image_token is not None,
             "image_token": e.image_token,
             "video_token": e.video_token,
+            "incremental_streaming_output": self.options.incremental_streaming_output,  # SGLang's server arg
         })
 
     async def flush_cache(self, request: Request) -> Response:
@@ -252,17 +260,35 @@ class NativeRoutes(_Routes):
         return Response(status_code=200)
 
 
-def _sglang_input_logprobs(out: Any) -> Any:
-    """Input logprobs as SGLang's server gives them: the token at logprob_start_len has no logprob (None), its top
-    logprobs none either, whatever logprob_start_len is (the engine computes them when it is > 0). A select
-    through SGLang's own frontend relies on it (it averages every logprob after that token)."""
+def _sglang_logprobs(out: Any) -> Any:
+    """Logprobs as SGLang's server gives them. Input: the token at logprob_start_len has no logprob (None), its
+    top logprobs none either, whatever logprob_start_len is (the engine computes them when it is > 0); a select
+    through SGLang's own frontend relies on it (it averages every logprob after that token). Output:
+    output_token_logprobs_length beside output_token_logprobs."""
     for o in out if isinstance(out, list) else [out]:
         meta = o.get("meta_info") if isinstance(o, dict) else None
-        if not isinstance(meta, dict) or not meta.get("input_token_logprobs"):
+        if not isinstance(meta, dict):
             continue
-        first, *rest = meta["input_token_logprobs"]
-        meta = {**meta, "input_token_logprobs": [(None, *first[1:]), *rest]}
-        if meta.get("input_top_logprobs"):
-            meta["input_top_logprobs"] = [None, *meta["input_top_logprobs"][1:]]
+        meta = dict(meta)
+        if meta.get("output_token_logprobs") is not None:
+            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+        if meta.get("input_token_logprobs"):
+            first, *rest = meta["input_token_logprobs"]
+            meta["input_token_logprobs"] = [(None, *first[1:]), *rest]
+            if meta.get("input_top_logprobs"):
+                meta["input_top_logprobs"] = [None, *meta["input_top_logprobs"][1:]]
         o["meta_info"] = meta
     return out
+
+
+def _new_part(out: dict[str, Any], sent: int) -> dict[str, Any]:
+    """A stream chunk reduced to what is new since the first `sent` output tokens (SGLang's incremental
+    streaming output): its output ids and output (top) logprobs; the text is already the new text."""
+    meta = dict(out["meta_info"])
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if meta.get(key) is not None:
+            meta[key] = meta[key][sent:]
+    part = {**out, "meta_info": meta}
+    if "output_ids" in part:
+        part["output_ids"] = list(part["output_ids"])[sent:]
+    return part

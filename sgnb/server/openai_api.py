@@ -4,31 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-if TYPE_CHECKING:
-    pass
 from sgnb.engine.request_input import sample_rids, split_samples
 from sgnb.server.media import _Media
 from sgnb.server.native_api import _Routes
 from sgnb.server.protocol import (
     _SSE_DONE,
-    BARE_CALL_START,
-    TOOL_CALL_OPEN,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     StreamOptions,
-    ToolPlan,
     _batch_kw,
-    _call_text,
     _chat_logprobs,
     _completion_logprobs,
     _engine_error,
@@ -38,16 +31,25 @@ from sgnb.server.protocol import (
     _json_response,
     _n_of,
     _new_rid,
-    _parse_call,
     _raise_failed,
     _response_format,
     _sse,
     _tool_plan,
-    _tools_prompt,
     _usage,
     _validate,
 )
 from sgnb.server.streaming import EventStream, _ClientGone, _merge, _unless_disconnected
+from sgnb.tools import (
+    TOOL_CALL_OPEN,
+    ToolPlan,
+    call_text,
+    joined_meta,
+    opened_call,
+    parse_call,
+    tool_response_text,
+    tool_support,
+    tools_prompt,
+)
 
 
 class OpenAIRoutes(_Routes):
@@ -228,8 +230,8 @@ class OpenAIRoutes(_Routes):
         Tools: a chat template that renders tools gets the request's tools (unless tool_choice is "none"), past
         assistant tool_calls (arguments parsed from JSON) and tool messages (with tool_call_id, and the called
         function's name) as transformers passes them. Otherwise sgnb's fallback: the tools are described in the
-        system message (`_tools_prompt`), past calls are written into the assistant's content in sgnb's format
-        (<tool_call>...</tool_call>), and a tool result is a "tool" message if the template takes that role, else
+        system message (`sgnb.tools.tools_prompt`), past calls are written into the assistant's content in sgnb's
+        format (<tool_call>...</tool_call>), and a tool result is a "tool" message if the template takes that role, else
         a user message holding <tool_response>...</tool_response>."""
         native, tool_role = self._tool_support
         rendered, images, videos = [], [], []
@@ -270,7 +272,8 @@ class OpenAIRoutes(_Routes):
                                           "function": {"name": c["name"], "arguments": c["arguments"]}}
                                          for c in calls]
                 else:
-                    msg["content"] = "\n".join([content] * bool(content) + [_call_text(c) for c in calls])
+                    msg["content"] = "\n".join([content] * bool(content)
+                                               + [call_text(c["name"], c["arguments"]) for c in calls])
             elif role == "tool":
                 call_id = m.get("tool_call_id")
                 if native:
@@ -279,13 +282,13 @@ class OpenAIRoutes(_Routes):
                     if "name" not in msg and isinstance(call_id, str) and call_id in call_names:
                         msg["name"] = call_names[call_id]
                 elif not tool_role:
-                    msg = {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+                    msg = {"role": "user", "content": tool_response_text(content)}
             rendered.append(msg)
         tools_kw: dict[str, Any] = {}
         if plan is not None and native:
             tools_kw = {"tools": plan.tools}
         elif plan is not None:
-            described = _tools_prompt(plan.functions)
+            described = tools_prompt(plan.functions)
             if rendered and rendered[0]["role"] == "system":
                 first = rendered[0]["content"]
                 rendered[0] = {**rendered[0], "content": f"{first}\n\n{described}" if first else described}
@@ -299,24 +302,10 @@ class OpenAIRoutes(_Routes):
 
     @cached_property
     def _tool_support(self) -> tuple[bool, bool]:
-        """(whether the chat template renders tools, whether it renders a "tool" role message), by rendering
-        probes: a template that ignores `tools` (or fails on them) gets sgnb's fallback."""
+        """(whether the chat template renders tools, whether it renders a "tool" role message): sgnb.tools'
+        probes over this tokenizer's template."""
         tok = self.engine.tokenizer
-        mark = "sgnb_probe_3f9c1"
-        probe = {"type": "function", "function": {"name": mark, "description": "probe",
-                                                  "parameters": {"type": "object", "properties": {}}}}
-        try:
-            native = mark in tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                                     tools=[probe])
-        except Exception:
-            native = False
-        try:
-            tool_role = mark in tok.apply_chat_template(
-                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
-                 {"role": "tool", "content": mark}], add_generation_prompt=True)
-        except Exception:
-            tool_role = False
-        return native, tool_role
+        return tool_support(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g, **kw))
 
     # -- tool calls
     async def _chat_tools(self, request: Request, req: ChatCompletionRequest, plan: ToolPlan, text: str,
@@ -383,14 +372,12 @@ class OpenAIRoutes(_Routes):
                     yield chunk
         if plan.mode == "required":
             raw = "".join(pieces) + final["text"]
-            call = _parse_call(raw, plan)
+            call = parse_call(raw, plan)
             yield {**final, "text": "" if call else raw, "tool_calls": [call] if call else None}
             return
-        reason = final["meta_info"].get("finish_reason") or {}
-        matched = reason.get("matched") if reason.get("type") == "stop" else None
-        tagged = matched == TOOL_CALL_OPEN
-        bare = isinstance(matched, str) and not tagged and re.match(BARE_CALL_START, matched) is not None
-        if not (tagged or bare):
+        opened = opened_call(final["meta_info"].get("finish_reason"))
+        tagged, bare = opened == "tagged", opened == "bare"
+        if opened is None:
             yield {**final, "tool_calls": None}
             return
         tail = final["text"]
@@ -407,9 +394,9 @@ class OpenAIRoutes(_Routes):
                 fit_to_context=False, **lp_kw, **mm)
         except Exception as e:
             raise _engine_error(e) from e
-        call = _parse_call(out["text"], plan)
+        call = parse_call(out["text"], plan)
         raw = (TOOL_CALL_OPEN + "\n" if tagged else "") + out["text"]
-        yield {"text": tail if call else tail + raw, "meta_info": _joined_meta(final["meta_info"], out["meta_info"]),
+        yield {"text": tail if call else tail + raw, "meta_info": joined_meta(final["meta_info"], out["meta_info"]),
                "output_ids": list(final["output_ids"]) + list(out["output_ids"]), "tool_calls": [call] if call else None}
 
     @staticmethod
@@ -440,16 +427,6 @@ async def _collect(stream: AsyncIterator[dict]) -> tuple[str, dict]:
             if "output_ids" in chunk:
                 final = chunk
     return "".join(pieces), final
-
-
-def _joined_meta(text: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-    """meta_info of a reply decoded in two requests (text, then the constrained call after it)."""
-    out = {**call, "prompt_tokens": text["prompt_tokens"], "cached_tokens": text.get("cached_tokens", 0),
-           "completion_tokens": text.get("completion_tokens", 0) + call.get("completion_tokens", 0)}
-    for key in ("output_token_logprobs", "output_top_logprobs"):
-        if text.get(key) is not None or call.get(key) is not None:
-            out[key] = list(text.get(key) or []) + list(call.get(key) or [])
-    return out
 
 
 def _tool_message(content: str, final: dict[str, Any]) -> dict[str, Any]:

@@ -4,14 +4,11 @@ the pieces of OpenAI responses."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import math
-import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sgnb.sampling import OPENAI_NAMES, SAMPLING_DEFAULTS
+from sgnb.tools import ToolPlan, ToolSpecError, history_tool_calls, tool_plan
 
 if TYPE_CHECKING:
     pass
@@ -370,191 +368,18 @@ def _chat_logprobs(out: dict) -> dict[str, Any]:
                         for (lp, _, text), top in zip(entries, tops)]}
 
 
-# ---- tool calling (/v1/chat/completions tools and tool_choice) -------------------------------------------------
-# sgnb's tool-call format, which is also Hermes' and Qwen's: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>.
-# A model whose chat template renders no tools is told to use it (the tool prompt below); a reply that opens with
-# it, or with a bare call object (Llama 3.1 style), switches to a call constrained by the tools' schemas.
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-BARE_CALL_START = r'\A\s*\{\s*"name"\s*:'
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-# sampling values that do not apply to a constrained call (a stop string would cut its JSON short)
-_NOT_FOR_CALLS = ("stop", "stop_regex", "stop_token_ids", "ignore_eos", "min_new_tokens", "no_stop_trim",
-                  "regex", "ebnf", "json_schema")
-
-
-@dataclass(frozen=True)
-class ToolPlan:
-    """A request's tools and what tool_choice allows: mode "auto" (text or a call) or "required" (a call, to one
-    of `allowed`; a named tool_choice allows one). `call_schema` constrains the call object."""
-
-    mode: str
-    tools: list[dict[str, Any]]
-    functions: dict[str, dict[str, Any]]
-    allowed: tuple[str, ...]
-    call_schema: str
-
-    def call_params(self, sp: dict[str, Any], max_new_tokens: int | None = None) -> dict[str, Any]:
-        """Sampling params for the constrained call: the request's, minus stops, plus the call schema."""
-        out = {k: v for k, v in sp.items() if k not in _NOT_FOR_CALLS}
-        if max_new_tokens is not None:
-            out["max_new_tokens"] = max(max_new_tokens, 1)
-        return {**out, "json_schema": self.call_schema}
-
-    def text_params(self, sp: dict[str, Any]) -> dict[str, Any]:
-        """Sampling params for "auto" text: the request's, also stopping where a tool call opens."""
-        stop = sp.get("stop") or []
-        regex = sp.get("stop_regex") or []
-        return {**sp, "stop": [*([stop] if isinstance(stop, str) else stop), TOOL_CALL_OPEN],
-                "stop_regex": [*([regex] if isinstance(regex, str) else regex), BARE_CALL_START]}
-
-
+# ---- tool calling (/v1/chat/completions tools and tool_choice; the machinery is sgnb.tools') ------------------
 def _tool_plan(tools: list[Any] | None, tool_choice: Any) -> ToolPlan | None:
-    """Validate tools / tool_choice (OpenAI's shapes); None when no call can be made (no tools, or "none")."""
-    if tools is None:
-        if tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return None
-    if not tools:
-        raise APIError(400, "tools is an empty list: give at least one tool, or leave tools out", param="tools")
-    functions: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            raise APIError(400, f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
-                                '"description": ..., "parameters": {...}}}}', param="tools")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise APIError(400, f"tools[{i}].function.name must be 1 to 64 letters, digits, _ . or -, got {name!r}",
-                           param="tools")
-        if name in functions:
-            raise APIError(400, f"tools: two functions are named {name!r}", param="tools")
-        params = fn.get("parameters", _NO_PARAMETERS)
-        if not isinstance(params, dict):
-            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
-        if not isinstance(fn.get("description") or "", str):
-            raise APIError(400, f"tools[{i}].function.description must be a string", param="tools")
-        functions[name] = {"name": name, **({"description": fn["description"]} if fn.get("description") else {}),
-                           "parameters": params}
-    choice = "auto" if tool_choice is None else tool_choice
-    if choice == "none":
-        return None
-    if choice in ("auto", "required"):
-        mode, allowed = choice, tuple(functions)
-    else:
-        fn = choice.get("function") if isinstance(choice, dict) else None
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-            raise APIError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", '
-                                '"function": {"name": ...}}', param="tool_choice")
-        if name not in functions:
-            raise APIError(400, f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
-        mode, allowed = "required", (name,)
+    """sgnb.tools.tool_plan, a bad spec answered as a 400 naming the field."""
     try:
-        schema = json.dumps(_call_schema(functions, allowed))
-    except RecursionError:
-        raise APIError(400, "tools: a function's parameters are nested too deeply", param="tools") from None
-    from sgnb.engine.grammar import validate_constraint
-
-    try:
-        validate_constraint("json_schema", schema)
-    except ValueError as e:
-        raise APIError(400, f"tools: a function's parameters are not a usable JSON schema: {e}", param="tools") from None
-    return ToolPlan(mode, list(tools), functions, allowed, schema)
-
-
-def _call_schema(functions: dict[str, dict[str, Any]], allowed: tuple[str, ...]) -> dict[str, Any]:
-    """The JSON schema of one call object {"name": ..., "arguments": {...}} to any of `allowed`. Each function's
-    own $defs move to the top (renamed per function), so its $refs still resolve."""
-    defs: dict[str, Any] = {}
-    alternatives = []
-    for i, name in enumerate(allowed):
-        params = _hoist_defs(copy.deepcopy(functions[name]["parameters"]), f"f{i}_", defs)
-        alternatives.append({"type": "object", "properties": {"name": {"const": name}, "arguments": params},
-                             "required": ["name", "arguments"], "additionalProperties": False})
-    schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-    return {**schema, "$defs": defs} if defs else schema
-
-
-def _hoist_defs(params: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
-    if not any(k in params for k in ("type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")):
-        params = {**params, "type": "object"}  # OpenAI reads parameters as an object's schema
-    local = {**params.pop("definitions", {}), **params.pop("$defs", {})}
-    recursive = []
-
-    def fix(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                if ref == "#":
-                    recursive.append(True)
-                    node = {**node, "$ref": f"#/$defs/{prefix}root"}
-                for old in ("#/$defs/", "#/definitions/"):
-                    if ref.startswith(old):
-                        node = {**node, "$ref": f"#/$defs/{prefix}{ref[len(old):]}"}
-            return {k: fix(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [fix(v) for v in node]
-        return node
-
-    params = fix(params)
-    for key, value in local.items():
-        defs[prefix + key] = fix(value)
-    if recursive:
-        defs[prefix + "root"] = params
-        return {"$ref": f"#/$defs/{prefix}root"}
-    return params
-
-
-def _tool_call(name: str, arguments: Any) -> dict[str, Any]:
-    """One entry of OpenAI's message.tool_calls."""
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
-
-
-def _parse_call(text: str, plan: ToolPlan) -> dict[str, Any] | None:
-    """The tool call a constrained call's text holds, or None (cut short by max_tokens)."""
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    if not isinstance(obj, dict) or obj.get("name") not in plan.allowed or "arguments" not in obj:
-        return None
-    return _tool_call(obj["name"], obj["arguments"])
-
-
-def _tools_prompt(functions: dict[str, dict[str, Any]]) -> str:
-    """What a model whose chat template renders no tools is told about them (in the system message)."""
-    listed = "\n".join(json.dumps({"type": "function", "function": f}, ensure_ascii=False) for f in functions.values())
-    return ("You can call functions to help with the user's request. Their JSON schemas:\n<tools>\n" + listed
-            + "\n</tools>\nTo call a function, reply with nothing but\n" + TOOL_CALL_OPEN
-            + '\n{"name": "<function name>", "arguments": {<the arguments as JSON>}}\n' + TOOL_CALL_CLOSE)
+        return tool_plan(tools, tool_choice)
+    except ToolSpecError as e:
+        raise APIError(400, str(e), param=e.param) from None
 
 
 def _history_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """An assistant message's tool_calls (OpenAI's shape) -> [{"id", "name", "arguments"}], arguments parsed
-    from their JSON string (kept as the string when it is not JSON)."""
-    if not isinstance(calls, list):
-        raise APIError(400, f"{where}.tool_calls must be a list", param="messages")
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise APIError(400, f'{where}.tool_calls[{j}] must be {{"id": ..., "type": "function", "function": '
-                                '{"name": ..., "arguments": "<JSON>"}}', param="messages")
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (json.JSONDecodeError, RecursionError):
-                pass
-        call_id = call.get("id")
-        out.append({"id": call_id if isinstance(call_id, str) else None, "name": fn["name"], "arguments": args})
-    return out
-
-
-def _call_text(call: dict[str, Any]) -> str:
-    """A past call in sgnb's format (for templates that render no tool calls)."""
-    body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+    """sgnb.tools.history_tool_calls, a bad history answered as a 400."""
+    try:
+        return history_tool_calls(calls, where)
+    except ToolSpecError as e:
+        raise APIError(400, str(e), param=e.param) from None

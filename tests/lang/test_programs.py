@@ -10,15 +10,6 @@ import sgnb as sgl
 from . import programs as P  # noqa: N812
 
 
-@pytest.fixture(scope="module")
-def server(engine):
-    from sgnb.server import start_server_thread
-
-    handle = start_server_thread(engine, "127.0.0.1", 0)
-    yield handle
-    handle.stop()
-
-
 @pytest.fixture(scope="module", params=["runtime", "endpoint", "openai"])
 def backend(request, engine):
     """The same programs in-process, over SGLang's native HTTP API, and over the OpenAI API (official client)."""
@@ -112,6 +103,25 @@ def test_streamed_logprobs_arrive_per_chunk(backend):
     assert len(state.get_meta_info("answer")["output_token_logprobs"]) == seen  # the gen's own meta: all of them
 
 
+def test_gen_n_samples(backend):
+    """SGLang's gen(n=k): the variable holds the k samples (each converted by dtype), the text goes on with the
+    first, and the meta_info is the first's with every sample's ("samples")."""
+
+    @sgl.function
+    def fruits(s):
+        s += "Name a fruit:" + sgl.gen("fruit", n=3, max_tokens=6, stop="\n", temperature=1.0)
+        s += "\nA number:" + sgl.gen("number", n=2, dtype=int, max_tokens=4, temperature=1.0)
+
+    st = fruits.run(backend=backend)
+    assert st.error() is None, st.error()
+    assert isinstance(st["fruit"], list) and len(st["fruit"]) == 3
+    assert all(isinstance(f, str) and "\n" not in f for f in st["fruit"])
+    assert st.text().startswith("Name a fruit:" + st["fruit"][0] + "\nA number:")
+    assert len(st.get_meta_info("fruit")["samples"]) == 3
+    assert len(st["number"]) == 2 and all(isinstance(k, int) for k in st["number"])
+    assert int(st.text().rsplit("A number:", 1)[1]) == st["number"][0]
+
+
 def test_gen_errors_at_the_call_site():
     with pytest.raises(ValueError, match="temperature"):
         sgl.gen("x", temperature=-1)
@@ -119,6 +129,8 @@ def test_gen_errors_at_the_call_site():
         sgl.gen("x", max_new_token=3)  # a typo names itself
     with pytest.raises(ValueError, match="choices"):
         sgl.select("x", choices=[])
+    with pytest.raises(ValueError, match=r"gen\(n=\.\.\.\) must be an int >= 1"):
+        sgl.gen("x", n=0)
 
 
 def test_backend_error_surfaces_with_program_line(backend):

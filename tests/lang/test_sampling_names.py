@@ -29,8 +29,8 @@ GEN_FIELDS = [f.name for f in dataclasses.fields(GenParams)]
 # SamplingParams fields that a gen does not set (nor does SGLang's gen): detokenization and the seed belong to the
 # request (the server's /generate and /v1 routes take them)
 NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed"}
-# gen()'s arguments that are not sampling values
-GEN_OWN = {"name", "dtype", "choices", "choices_method"}
+# gen()'s arguments that are not sampling values (tools: sgnb.tools)
+GEN_OWN = {"name", "dtype", "choices", "choices_method", "tools", "tool_choice"}
 # run()'s arguments that are not sampling values
 RUN_OWN = {"self", "args", "kwargs", "batch_kwargs", "stream", "backend", "use_thread", "subscribers", "num_threads",
            "progress_bar", "frontend_hints"}

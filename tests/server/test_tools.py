@@ -1,6 +1,7 @@
 """Tool calling on /v1/chat/completions over the real default model, with the official `openai` client against a
-loopback `sgnb serve` (ServerThread): tool_choice required / named / auto / none, streaming, tool history, the
-chat-template paths (sgnb's fallback format for SmolLM2's template, and a template that renders tools), errors."""
+loopback `sgnb serve` (the session's `server` fixture): tool_choice required / named / auto / none, streaming,
+tool history, the chat-template paths (sgnb's fallback format for SmolLM2's template, and a template that renders
+tools), errors."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 import types
 
 import pytest
-
-from sgnb.server import start_server_thread
 
 jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")
@@ -27,13 +26,6 @@ TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"max_tokens": 60, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    handle = start_server_thread(engine, "127.0.0.1", 0)
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")
