@@ -4,11 +4,12 @@ Groups: the scheduler orders a batch so that requests sharing a cached radix pre
 fb.groups; each group with a shared prefix runs the reference's cascade on its own (the prefix's K/V read once
 for the group), so a batch mixing several few-shot prefixes (MMLU subjects) still reads each prefix once.
 
-Decode on the CPU with float32 KV runs our C kernel (kernels/native.py: `paged_decode`) when it could be built:
-one call per layer for the whole batch reads every request's keys in place through req_to_token (no gathered
+Decode and short extends (select's choices, a few-shot question after its cached examples) on the CPU with
+float32 KV run our C kernel (kernels/native.py: `paged_decode`) when it could be built: one call per layer for
+the whole batch, one query row at a time, reads every row's keys in place through req_to_token (no gathered
 copy, any fragmentation: a cached prefix, a new turn, decode slots), split into chunks so that a lone long
 request uses every thread; a group sharing a cached prefix reads the prefix once (torch's flash kernel over
-it, a view when its slots are one run) and merges it with the kernel's partials over each request's own keys.
+it for all the group's rows, a view when its slots are one run) and merges it with the kernel's partials.
 
 Without the kernel, decode without a batch-wide shared prefix takes the view route: a request's KV slots are
 mostly one contiguous run (a prompt is allocated in one piece, and a lone request's decode slots follow it), and
@@ -29,39 +30,75 @@ MIN_VIEW_RUN = 64  # a contiguous head run shorter than this is gathered with th
 MIN_CASCADE = 32  # shared prefix tokens from which a decode group reads its prefix once (as the scheduler's)
 
 
-class _NativeDecode:
-    """A decode forward's plan for the C kernel: every request's own keys in one call, then per group that
-    shares a cached prefix, the prefix once. rows / starts / lens (B,) int64 for the kernel; cascades holds
-    (first request, count, the prefix's first slot if its slots are one run else its slot ids, its length)."""
+# an extend takes the kernel, one query row per token, when each of its rows reads at most this many keys of
+# its own (past a shared prefix read once for its group): select's choices and short answers after few-shot
+# examples. Longer own parts go faster through torch's SDPA over a gathered copy (single-thread CPU time on the
+# 2-core EPYC, per layer: 4 requests x 5 tokens after a shared 600 0.48 vs 0.74 ms, 32 x 40 after 480: 19.9 vs
+# 23.3; but a lone 32-token turn over 1k: 2.5 vs 1.2, 16 lone 8-token extends over 300: 3.7 vs 2.8)
+NATIVE_MAX_OWN_KEYS = 96
+
+
+def _groups(fb: ForwardBatch) -> list[tuple[int, int, int]]:
+    B = fb.batch_size
+    return fb.groups or ([(0, B, fb.shared_len)] if fb.shared_len else [(i, 1, 0) for i in range(B)])
+
+
+def _cascade_shared(fb: ForwardBatch) -> list[int]:
+    """Per request, the shared prefix its group reads once (0: none, or too short to be worth it)."""
+    shared_of = [0] * fb.batch_size
+    for a, n, shared in _groups(fb):
+        if n > 1 and shared >= MIN_CASCADE:
+            shared_of[a: a + n] = [shared] * n
+    return shared_of
+
+
+class _NativePlan:
+    """A forward's plan for the C kernel, one query row at a time (a decode's one token, or each token of a
+    short extend: row j of a request with prefix p sees its first p + j + 1 keys): every row's keys outside
+    a shared prefix in one call, then per group that shares a cached prefix, the prefix once for all its rows.
+    rows / starts / lens (T,) int64 for the kernel; cascades holds (first row, row count, the prefix's first
+    slot if its slots are one run else its slot ids, its length)."""
 
     __slots__ = ("rows", "starts", "lens", "cascades")
 
-    def __init__(self, fb: ForwardBatch) -> None:
-        B = fb.batch_size
-        seq = fb.seq_lens_cpu
-        groups = fb.groups or ([(0, B, fb.shared_len)] if fb.shared_len else [(i, 1, 0) for i in range(B)])
-        starts = [0] * B
+    def __init__(self, fb: ForwardBatch, shared_of: list[int]) -> None:
         self.cascades: list[tuple[int, int, int | torch.Tensor, int]] = []
-        for a, n, shared in groups:
-            if n > 1 and shared >= MIN_CASCADE:
+        offsets = [0]
+        for n in fb.extend_lens_cpu:
+            offsets.append(offsets[-1] + n)
+        for a, n, _ in _groups(fb):
+            shared = shared_of[a]
+            if shared:
                 slots = fb.req_to_token[fb.req_pool_indices_cpu[a], :shared]
                 run = bool((slots[1:] - slots[:-1] == 1).all()) if shared > 1 else True
-                self.cascades.append((a, n, int(slots[0]) if run else slots, shared))
-                for i in range(a, a + n):
-                    starts[i] = shared
-        self.rows = torch.tensor(fb.req_pool_indices_cpu, dtype=torch.int64)
+                self.cascades.append((offsets[a], offsets[a + n] - offsets[a], int(slots[0]) if run else slots,
+                                      shared))
+        rows, starts, lens = [], [], []
+        for i in range(fb.batch_size):
+            prefix, ext, start = fb.prefix_lens_cpu[i], fb.extend_lens_cpu[i], shared_of[i]
+            rows += [fb.req_pool_indices_cpu[i]] * ext
+            starts += [start] * ext
+            lens += range(prefix + 1 - start, prefix + ext + 1 - start)
+        self.rows = torch.tensor(rows, dtype=torch.int64)
         self.starts = torch.tensor(starts, dtype=torch.int64)
-        self.lens = torch.tensor([seq[i] - starts[i] for i in range(B)], dtype=torch.int64)
+        self.lens = torch.tensor(lens, dtype=torch.int64)
 
 
-def _native_decode_ok(fb: ForwardBatch, kv_dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
-    if fb.mode is not ForwardMode.DECODE or fb.input_ids.device.type != "cpu" or kv_dtype != torch.float32:
-        return False
-    if heads % kv_heads or head_dim % 8:
-        return False
+def _native_plan(fb: ForwardBatch, kv_dtype: torch.dtype, heads: int, kv_heads: int,
+                 head_dim: int) -> _NativePlan | None:
+    """The kernel's plan for this forward, or None where torch's kernels do better or the kernel cannot run."""
+    if fb.input_ids.device.type != "cpu" or kv_dtype != torch.float32 or heads % kv_heads or head_dim % 8:
+        return None
     from sgnb.kernels import native
 
-    return heads // kv_heads <= native.MAX_GROUP and native.available()
+    if heads // kv_heads > native.MAX_GROUP or not native.available():
+        return None
+    shared_of = _cascade_shared(fb)
+    if fb.mode is not ForwardMode.DECODE:
+        own = (p + e - s for p, e, s in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu, shared_of))
+        if max(own) > NATIVE_MAX_OWN_KEYS:
+            return None
+    return _NativePlan(fb, shared_of)
 
 
 class TorchAttention(AttentionBackend):
@@ -71,9 +108,9 @@ class TorchAttention(AttentionBackend):
     name = "torch"
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        if _native_decode_ok(fb, self.kv_cache.k_buffers[0].dtype, self.num_heads, self.num_kv_heads,
-                             self.head_dim):
-            fb.attn_metadata = _NativeDecode(fb)
+        plan = _native_plan(fb, self.kv_cache.k_buffers[0].dtype, self.num_heads, self.num_kv_heads, self.head_dim)
+        if plan is not None:
+            fb.attn_metadata = plan
             return
         offsets = [0]
         for n in fb.extend_lens_cpu:
@@ -92,8 +129,8 @@ class TorchAttention(AttentionBackend):
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         cache = self.kv_cache
         k_buf, v_buf = cache.k_buffers[layer.layer_id], cache.v_buffers[layer.layer_id]
-        if isinstance(fb.attn_metadata, _NativeDecode):
-            return self._native_decode(q, k_buf, v_buf, fb.req_to_token, fb.attn_metadata, layer.scale)
+        if isinstance(fb.attn_metadata, _NativePlan):
+            return self._native(q, k_buf, v_buf, fb.req_to_token, fb.attn_metadata, layer.scale)
         offsets, views = fb.attn_metadata
         if fb.groups is None and not views:
             return paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices_cpu,
@@ -125,8 +162,8 @@ class TorchAttention(AttentionBackend):
             o = merge_partials(o, lse, o2, lse2)
         return o.reshape(H, D)
 
-    def _native_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
-                       plan: _NativeDecode, scale: float) -> torch.Tensor:
+    def _native(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                plan: _NativePlan, scale: float) -> torch.Tensor:
         from sgnb.kernels import native
 
         B, H, D = q.shape

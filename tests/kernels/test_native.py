@@ -137,16 +137,19 @@ def test_paged_decode_with_no_keys_gives_an_empty_partial():
 
 @needs_native
 @pytest.mark.parametrize("fragmented", [False, True])
-def test_torch_backend_decode_route_equals_the_reference(fragmented):
-    """The CPU backend's decode with the kernel: lone requests and groups sharing a cached prefix (read once,
-    a view when its slots are one run), against paged_attention_ref (the per-request torch reference)."""
-    from sgnb.engine.attention.torch_backend import TorchAttention, _NativeDecode
+@pytest.mark.parametrize("extend", [False, True])
+def test_torch_backend_kernel_route_equals_the_reference(fragmented, extend):
+    """The CPU backend with the kernel: lone requests and groups sharing a cached prefix (read once, a view
+    when its slots are one run), decoding one token each or extending by a few (causal within the extend),
+    against paged_attention_ref (the per-request torch reference)."""
+    from sgnb.engine.attention.torch_backend import TorchAttention, _NativePlan
     from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
     from sgnb.engine.kv_pool import KVCache
     from sgnb.kernels.attention import paged_attention_ref
 
     H, Hkv, D = 6, 2, 32
-    shared, own = 96, [5, 40, 300, 1, 70]  # requests 1-3 share a 96-token prefix; 0 and 4 are alone
+    # requests 1-3 share a 96-token prefix; 0 and 4 are alone (extends: own parts within NATIVE_MAX_OWN_KEYS)
+    shared, own = 96, ([5, 40, 60, 1, 70] if extend else [5, 40, 300, 1, 70])
     lens = [own[0], shared + own[1], shared + own[2], shared + own[3], own[4]]
     pool = sum(lens) + 16
     cache = KVCache(pool, 1, Hkv, D, torch.float32, torch.device("cpu"))
@@ -156,22 +159,29 @@ def test_torch_backend_decode_route_equals_the_reference(fragmented):
     table = _slot_table(lens, pool, seed=1, fragmented=fragmented)
     table[2, :shared] = table[4, :shared] = table[3, :shared]  # requests 1-3 (rows 2-4): request 2's prefix
     B = len(lens)
-    last = [int(table[i + 1, n - 1]) for i, n in enumerate(lens)]
-    spec = BatchSpec(input_ids=[0] * B, out_cache_loc=torch.tensor(last), req_pool_indices=list(range(1, B + 1)),
-                     prefix_lens=[n - 1 for n in lens], extend_lens=[1] * B,
+    ext = [3, 1, 7, 2, 5] if extend else [1] * B
+    new = [table[i + 1, n - e: n] for i, (n, e) in enumerate(zip(lens, ext))]
+    spec = BatchSpec(input_ids=[0] * sum(ext), out_cache_loc=torch.cat(new), req_pool_indices=list(range(1, B + 1)),
+                     prefix_lens=[n - e for n, e in zip(lens, ext)], extend_lens=ext,
                      groups=[(0, 1, 0), (1, 3, shared), (4, 1, 0)])
     fb = ForwardBatch.build(spec, table, torch.device("cpu"))
     backend = TorchAttention(cache, H, Hkv, D)
     backend.init_forward_metadata(fb)
-    assert isinstance(fb.attn_metadata, _NativeDecode) and len(fb.attn_metadata.cascades) == 1
+    assert isinstance(fb.attn_metadata, _NativePlan) and len(fb.attn_metadata.cascades) == 1
     prefix = fb.attn_metadata.cascades[0][2]
     assert isinstance(prefix, int) != fragmented  # a view when the prefix is one run of slots
-    q = torch.randn(B, H, D, generator=g)
+    q = torch.randn(sum(ext), H, D, generator=g)
 
     class Layer:
         layer_id, scale = 0, D**-0.5
 
     got = backend.attend(q, Layer(), fb)
     want = paged_attention_ref(q, cache.k_buffers[0], cache.v_buffers[0], table, list(range(1, B + 1)),
-                               [n - 1 for n in lens], [1] * B, D**-0.5)
+                               [n - e for n, e in zip(lens, ext)], ext, D**-0.5)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    if extend:  # a lone request reading more keys of its own: torch's SDPA route (the view route's tuple)
+        spec = BatchSpec(input_ids=[0] * 10, out_cache_loc=table[3, lens[2] - 10: lens[2]], req_pool_indices=[3],
+                         prefix_lens=[lens[2] - 10], extend_lens=[10])
+        fb = ForwardBatch.build(spec, table, torch.device("cpu"))
+        backend.init_forward_metadata(fb)
+        assert isinstance(fb.attn_metadata, tuple)
