@@ -1,7 +1,8 @@
 """sgnb.kernel_ext: the IPython extension. `%load_ext sgnb` (or `%load_ext sgnb.kernel_ext`) registers
 
 - `%sgl`: the kernel's engine and backend: `model`, `backend`, `tree`, `stats`, `flush`, `serve`, `status`;
-- `%%sgl`: a cell as an LM program on the current backend, with a live view;
+- `%%sgl`: a cell as an LM program on the current backend, with a live view (and an input transformer that
+  reports a SyntaxError in its body before it runs, as IPython reports one in a plain cell);
 - Tab completion of `%sgl` lines (subcommands, options, model aliases) and, for the kernel's completer and
   inspector, the language's names in the user namespace where they are free (`gen`, `select`, `user`, ...,
   `function`, `sgl`; hidden from `%who`), so `gen(max_t` + Tab completes `max_tokens=` and `gen(` + Shift-Tab
@@ -22,7 +23,7 @@ _UNDO_ATTR = "_sgnb_unload"  # what unloading undoes: the completer, the names p
 
 def load_ipython_extension(ip: Any) -> None:
     from sgnb.kernel_ext.engine_magics import EngineMagics, register_completion
-    from sgnb.kernel_ext.program_magics import ProgramMagics
+    from sgnb.kernel_ext.program_magics import CellSyntaxCheck, ProgramMagics
     from sgnb.kernel_ext.session import KernelSession
 
     if getattr(ip, _SESSION_ATTR, None) is not None:
@@ -33,9 +34,13 @@ def load_ipython_extension(ip: Any) -> None:
     ip.register_magics(ProgramMagics(ip, session))
     remove_completion = register_completion(ip)
     shared = share_primitives(ip)
+    syntax_check = CellSyntaxCheck(ip, session)
+    ip.input_transformers_cleanup.append(syntax_check)
 
     def undo() -> None:
         remove_completion()
+        if syntax_check in ip.input_transformers_cleanup:
+            ip.input_transformers_cleanup.remove(syntax_check)
         for name, value in shared.items():
             if ip.user_ns.get(name) is value:
                 ip.user_ns.pop(name, None)

@@ -10,8 +10,6 @@ import html
 import importlib
 from typing import Any
 
-from IPython.display import display
-
 
 def in_notebook(shell: Any) -> bool:
     return getattr(shell, "kernel", None) is not None
@@ -26,13 +24,23 @@ def widget_class(name: str) -> Any:
 
 
 def live_view(name: str, *args: Any, **kwargs: Any) -> Any:
-    """Display and return a live `sgnb.widgets.<name>(*args, **kwargs)`, or return None (caller falls back)."""
+    """Display and return a live `sgnb.widgets.<name>(*args, **kwargs)`, or return None (caller falls back).
+    Its output can be sent again with `refresh_view` (the final static snapshot, once its run is over)."""
     cls = widget_class(name)
     if cls is None:
         return None
+    from sgnb.widgets._display import show
+
     view = cls(*args, **kwargs)
-    display(view)
+    show(view)
     return view
+
+
+def refresh_view(view: Any) -> None:
+    """Send `view`'s output again, with its snapshot of now: what a notebook saved after the cell keeps."""
+    from sgnb.widgets._display import refresh
+
+    refresh(view)
 
 
 class Text:

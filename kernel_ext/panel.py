@@ -50,14 +50,6 @@ class JsonText(str):
         return str(self)
 
 
-def current_engine() -> Any | None:
-    """The in-process engine of the default backend (`sgnb.set_default_backend(sgnb.Runtime(...))`), or None
-    when the default backend is unset or remote (RuntimeEndpoint, OpenAI, ...)."""
-    import sgnb
-
-    return getattr(sgnb.get_default_backend(), "engine", None)
-
-
 def snapshot_json(max_nodes: int = MAX_NODES, collapsed: Iterable[int] = (), expanded: Iterable[int] = (),
                   selected: int | None = None) -> JsonText:
     """`snapshot()` of the current engine as a JSON string; {"engine": null, ...} when there is none. Its

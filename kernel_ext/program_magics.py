@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from typing import Any
@@ -53,8 +54,9 @@ class ProgramMagics(Magics):
         """Run the cell as an LM program: its body is a program function's body with the state bound to `s`.
 
         Every primitive is there without an import (gen, select, gen_int, gen_string, image, video, system,
-        user, assistant, the *_begin/*_end roles, separate_reasoning, function, and `sgl` for the package),
-        next to the notebook's own names: the cell reads and assigns user variables as a normal cell does.
+        user, assistant, tool, the *_begin/*_end roles, separate_reasoning, function, and `sgl` for the
+        package), next to the notebook's own names: the cell reads and assigns user variables as a normal cell
+        does.
         The final state lands in `_sgl` (or `-o NAME`): `_sgl["answer"]`, `_sgl.messages()`, ...
 
             %%sgl --temperature 0 -o chat
@@ -92,7 +94,7 @@ class ProgramMagics(Magics):
         filename = self.session.cell_filename()
         try:
             code = compile_cell(cell, filename)
-        except SyntaxError as e:  # IPython shows a SyntaxError's whole stack: at least not the parser's frames
+        except SyntaxError as e:  # a cell that ran as `%%sgl` does not get here (CellSyntaxCheck reported it)
             raise e.with_traceback(None)  # noqa: B904
         namespace = CellNamespace(self.shell.user_ns)
         if not code.is_program:
@@ -152,12 +154,38 @@ class ProgramMagics(Magics):
         finally:
             if view is not None:
                 view.flush()
+                show.refresh_view(view)  # the output's static snapshot: the finished program, not the empty view
         error = state.executor.error_
         if error is not None:
             _raise_in_cell(error, state.executor.error_where, filename, here)
         if view is None:
             display(show.variables_summary(state) if streamed else show.transcript(state))
         return state.ret_value
+
+
+_SGL_CELL = re.compile(r"%%sgl(?:\s|$)")
+
+
+class CellSyntaxCheck:
+    """An IPython input transformer (`shell.input_transformers_cleanup`): compiles the body of a `%%sgl` cell before
+    the cell runs and lets its SyntaxError out there, which IPython shows as it shows one in a plain cell: the
+    cell's line and a caret, no frames. (Raised by the magic, the same error would come with the frames of IPython
+    and the extension that ran it: IPython never trims a SyntaxError's stack.) Lines pass through unchanged.
+
+    The error names the cell `<sgl-cell-N>` for `In [N]`, as the magic does (IPython counts the cell after
+    transforming it: `execution_count` is still N here). Nothing is reserved: ipykernel transforms each cell
+    twice, and the magic compiles the body again under the same name."""
+
+    has_side_effects = True  # IPython's completeness check (`check_complete`) leaves it out: it must not raise
+
+    def __init__(self, shell: Any, session: KernelSession) -> None:
+        self.shell = shell
+        self.session = session
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        if lines and _SGL_CELL.match(lines[0]):
+            compile_cell("".join(lines[1:]), self.session.cell_filename(self.shell.execution_count, reserve=False))
+        return lines
 
 
 def _print_stream(state: Any) -> None:

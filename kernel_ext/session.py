@@ -142,14 +142,17 @@ class KernelSession:
         """N of the running cell's `In [N]`: IPython (9.x, and ipykernel) counts the cell before running it."""
         return max(self.shell.execution_count - 1, 1)
 
-    def cell_filename(self) -> str:
-        """`<sgl-cell-N>` for input N; unique even when a cell runs several times under one number."""
-        n = self.cell_number()
+    def cell_filename(self, number: int | None = None, reserve: bool = True) -> str:
+        """`<sgl-cell-N>` for input N (the running cell's unless `number` is given); unique even when a cell runs
+        several times under one number. With `reserve=False` the name is only looked up: the next call for N
+        returns it again."""
+        n = self.cell_number() if number is None else number
         name, k = f"<sgl-cell-{n}>", 1
         while name in self._cell_files:
             k += 1
             name = f"<sgl-cell-{n}.{k}>"
-        self._cell_files.add(name)
+        if reserve:
+            self._cell_files.add(name)
         return name
 
     def describe(self) -> str:

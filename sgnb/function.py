@@ -263,12 +263,11 @@ def _batch_view(name: str, all_args: list[dict[str, Any]]) -> Any:
         return None
     try:
         from sgnb.widgets._batch_view import BatchView
+        from sgnb.widgets._display import show
     except ImportError:
         return None
-    from IPython.display import display
-
     view = BatchView(name, all_args)
-    display(view)
+    show(view)  # under a display id: finish() sends the output again, with the finished table's snapshot
     return view
 
 

@@ -43,7 +43,7 @@ PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 _PRIMITIVES = ("gen", "gen_int", "gen_string", "select", "image", "video", "system", "user", "assistant",
                "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
-               "separate_reasoning", "function", "set_default_backend", "get_default_backend", "flush_cache")
+               "tool", "separate_reasoning", "function", "set_default_backend", "get_default_backend", "flush_cache")
 
 
 # ---- backends ---------------------------------------------------------------------------------------------
@@ -160,9 +160,24 @@ def compile_cell(source: str, filename: str) -> CellCode:
     code = compile(ast.fix_missing_locations(wrapper), filename, "exec")
     inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
     if inner.co_flags & (0x20 | 0x200):  # CO_GENERATOR | CO_ASYNC_GENERATOR
+        line, col = _first_yield(func.body)
+        text = linecache.getline(filename, line) if line else ""
         raise SyntaxError("a %%sgl cell cannot `yield`: it is the body of one program",
-                          (filename, 1, 1, source.splitlines()[0] if source else ""))
+                          (filename, line or 1, col + 1, text))
     return CellCode(filename, source, code, is_program=True)
+
+
+def _first_yield(body: list[ast.stmt]) -> tuple[int, int]:
+    """(line, column) of the first `yield` in the cell's own scope (not in a function or class it defines)."""
+    found: list[tuple[int, int]] = []
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            found.append((node.lineno, node.col_offset))
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return min(found, default=(0, 0))
 
 
 def run_definitions(cell: CellCode, namespace: CellNamespace) -> Any:

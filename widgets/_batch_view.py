@@ -17,6 +17,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from sgnb.widgets._display import refresh
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._ticker import Ticker
 
@@ -57,7 +58,8 @@ class BatchView(anywidget.AnyWidget):
 
     `BatchView("name", [arguments per program])` starts with every row queued; feed program i's events to
     `subscriber_for(i)` (any thread), and call `finish(states)` with run_batch's states at the end (the final
-    values and statuses, cancelled programs included)."""
+    values and statuses, cancelled programs included; on the cell's thread, since a view displayed with
+    `sgnb.widgets._display.show` then sends its output again, with the final snapshot)."""
 
     _esm = bundle("batch_view.js")
 
@@ -112,6 +114,7 @@ class BatchView(anywidget.AnyWidget):
                     row.status = "cancelled"
             self._t_end = time.time()
             self._send_rows()
+        refresh(self)  # the output's static snapshot: the finished batch (when `show` displayed the view)
 
     def close(self) -> None:
         self._ticker.stop()
@@ -181,7 +184,8 @@ class BatchView(anywidget.AnyWidget):
                 f"{s.get('running', 0)} running, {s.get('error', 0)} failed>")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if bundle is not None:
-            bundle[0].pop("text/html", None)
-        return bundle
+        """The widget view, a short text/plain and a static text/html snapshot of the table (what a renderer
+        without the widget shows: GitHub, nbviewer, an exported page; see `_static.py`)."""
+        from sgnb.widgets._static import with_snapshot
+
+        return with_snapshot(self, super()._repr_mimebundle_(**kwargs))

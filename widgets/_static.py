@@ -7,13 +7,16 @@ of `program_view.js` and `radix_tree_draw.js`, and in `stats_draw.js`):
 - `program_html(title, programs, summary)`: each program's text with its gens and selects marked, forks side by
   side, and one table of the gens' numbers per program;
 - `tree_html(nodes, summary)`: the radix tree as indented rows (text, tokens, hits, in use, state);
-- `stats_html(stats, history)`: the stats card's numbers, with small SVG sparklines.
+- `stats_html(stats, history)`: the stats card's numbers, with small SVG sparklines;
+- `batch_html(title, columns, rows, summary)`: a run_batch's table, one row per program (status, arguments,
+  variables, progress), under the batch's counts.
 
 `snapshot_html(state)` picks the one for a widget's state (by its `_anywidget_id`: a live widget's traits, or the
 state a saved notebook keeps under `metadata.widgets`) and returns None for any other widget. The views'
-`_repr_mimebundle_` puts the snapshot under `text/html` beside the widget (`with_snapshot`), and
-`sgnb.notebook.add_static_views` redraws it from the saved state when a notebook is executed or written, so it
-shows the final picture rather than the one at display time.
+`_repr_mimebundle_` puts the snapshot under `text/html` beside the widget (`with_snapshot`). A view displayed
+before its run (a `%%sgl` cell's, a run_batch's) sends its output again when the run is over (`_display.py`), so
+a notebook saved from JupyterLab keeps the final picture; and `sgnb.notebook.add_static_views` redraws every
+snapshot from the saved widget state when a notebook is executed or written.
 
 Only inline styles and plain tags (tables, pre, details, sup): GitHub drops `<style>` and classes, so the
 snapshot must read well with no CSS at all. Every text goes through `html.escape`; images only as data: URLs.
@@ -334,14 +337,60 @@ def stats_html(stats: Mapping[str, Any], history: Mapping[str, Sequence[float]])
             f'{_table(["engine", "now", "", "history"], rows, align="lrll")}<div style="{_MUTED}">{_e(foot)}</div></div>')
 
 
+# ---- BatchView -----------------------------------------------------------------------------------------------
+_BATCH_STATUS = {**_STATUS, "cancelled": "#b06000", "queued": "#6e7781"}
+BATCH_ERROR_CHARS = 120  # of a failed row's error, under its status
+
+
+def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]],
+               summary: Mapping[str, Any]) -> str:
+    """A BatchView's picture: the batch's counts, then one table row per program (its number, status, the
+    argument and variable columns, gens done of begun, tokens, seconds), as batch_view.js draws it; a failed
+    row's error under its status."""
+    s = summary
+    nargs = int(s.get("arguments") or 0)
+    finished = sum(int(s.get(k) or 0) for k in ("done", "error", "interrupted"))
+    parts = [f"{finished}/{s.get('total', len(rows))} finished"]
+    if s.get("running"):
+        parts.append(f"{s['running']} running")
+    if s.get("error"):
+        parts.append(f"{s['error']} failed")
+    stopped = int(s.get("interrupted") or 0) + int(s.get("cancelled") or 0)
+    if stopped:
+        parts.append(f"{stopped} interrupted")
+    parts += [f"{s.get('gens', 0)} gens, {s.get('tokens', 0)} tokens", f"{_num(s.get('elapsed') or 0.0, 1)} s"]
+    head = (f"<b>run_batch{': ' + _e(title) if title else ''}</b> "
+            f'<span style="{_MUTED}">{_e(" · ".join(parts))}</span>')
+    body = []
+    for r in rows:
+        status = str(r.get("status") or "")
+        cell = f'<b style="color: {_BATCH_STATUS.get(status, "#444")}">{_e(status)}</b>'
+        error = str(r.get("error") or "")
+        if error:
+            short = error if len(error) <= BATCH_ERROR_CHARS else error[: BATCH_ERROR_CHARS - 3] + "..."
+            cell += f'<br><small style="color: #a4161a" title="{_e(error)}">{_e(short)}</small>'
+        values = [(r.get("arguments") if j < nargs else r.get("values")) or {} for j in range(len(columns))]
+        cells = [f"<code>{_e(v.get(c, ''))}</code>" if v.get(c) else "" for v, c in zip(values, columns)]
+        gens = f"{r.get('gens_done', 0)}/{r['gens']}" if r.get("gens") else ""
+        body.append([_e(r.get("i")), cell, *cells, _e(gens), _e(r.get("tokens") or ""), _num(r.get("elapsed"), 1)])
+    table = _table(["#", "status", *columns, "gens", "tokens", "s"], body, "margin-top: 3px",
+                   align="rl" + "l" * len(columns) + "rrr") if body else ""
+    more = int(s.get("total") or 0) - len(rows)
+    note = (f'<div style="{_MUTED}">... {more} more program{"" if more == 1 else "s"} (counted above, not '
+            "listed)</div>" if more > 0 else "")
+    return f'<div class="sgnb-static sgnb-static-batch" style="{_FONT}"><div>{head}</div>{table}{note}</div>'
+
+
 # ---- choosing the snapshot -----------------------------------------------------------------------------------
 # a view's class name -> (its snapshot function, the traits it takes, in order)
 _VIEWS: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "ProgramView": (program_html, ("title", "programs", "summary")),
     "RadixTreeView": (tree_html, ("nodes", "summary")),
     "EngineStats": (stats_html, ("stats", "history")),
+    "BatchView": (batch_html, ("title", "columns", "rows", "summary")),
 }
-_DEFAULTS: dict[str, Any] = {"title": "", "programs": [], "nodes": [], "summary": {}, "stats": {}, "history": {}}
+_DEFAULTS: dict[str, Any] = {"title": "", "programs": [], "nodes": [], "summary": {}, "stats": {}, "history": {},
+                             "columns": [], "rows": []}
 
 
 def _draw(kind: str, get: Callable[[str], Any]) -> str:
@@ -371,4 +420,4 @@ def with_snapshot(widget: Any, bundle: tuple[dict, dict] | None) -> tuple[dict, 
     return data, metadata
 
 
-__all__ = ["program_html", "snapshot_html", "sparkline", "stats_html", "tree_html", "with_snapshot"]
+__all__ = ["batch_html", "program_html", "snapshot_html", "sparkline", "stats_html", "tree_html", "with_snapshot"]

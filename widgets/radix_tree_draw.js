@@ -58,13 +58,18 @@
  *                           a narrow indent per level, boxes as wide as what is left, labels cut to fit);
  *                           only a tree too deep even for that scrolls sideways. Redrawn on a resize.
  *   follow: false,          "follow newest" starts on: whenever a newer node appears (node ids grow with
- *                           every insert and split), it is scrolled into view and outlined with dashes
+ *                           every insert and split), it is scrolled into view and outlined with dashes (one
+ *                           column of its path kept on its left in columns)
  *   zoom: false,            "zoom to fit" starts on: the drawing is scaled down (to 20% at most) so that all
  *                           of it fits the scroll box
  *   controls: true,         show the toggles in the header (the user can flip them either way)
  * }
  * The root element's data-layout ("columns" | "outline"), data-newest (the newest node's id), data-zoom (the
- * scale drawn at) and data-live ("1" while some node is new or hit) say what was drawn.
+ * scale drawn at), data-live ("1" while some node is new or hit) and data-root-pinned say what was drawn.
+ *
+ * The root stays in view: while its box is scrolled out of the scroll box (following a node deep down a big
+ * tree, or scrolled by hand), a copy of its row is pinned over the box's top-left corner (data-root-pinned="1";
+ * `.sgnb-rt-pin`), and a click on it scrolls back to the root.
  *
  * Colours: green = newly inserted, blue = hit in the latest step, red and dashed = evicted (drawn for a while,
  * then gone); with no live change, a node is shaded by its cumulative hits (the heat scale in the legend; while
@@ -138,8 +143,16 @@ const TREE_CSS = `
 .sgnb-rt-ctl { display: inline-flex; gap: 10px; color: var(--sgnb-rt-fg2); }
 .sgnb-rt-ctl label { display: inline-flex; align-items: center; gap: 3px; cursor: pointer; }
 .sgnb-rt-ctl input { margin: 0; }
+.sgnb-rt-frame { position: relative; }
 .sgnb-rt-scroll { max-height: 460px; overflow: auto; border: 1px solid var(--sgnb-rt-line2);
   border-radius: 4px; background: var(--sgnb-rt-bg); scrollbar-gutter: stable; }
+.sgnb-rt-pin { display: none; position: absolute; top: 5px; left: 7px; z-index: 1; box-sizing: border-box;
+  height: ${BOX_H}px; padding: 2px 7px; overflow: hidden; white-space: nowrap; cursor: pointer;
+  border: 1px solid var(--sgnb-rt-line); border-radius: 5px; color: var(--sgnb-rt-fg);
+  background: color-mix(in srgb, var(--sgnb-rt-line) 18%, var(--sgnb-rt-box));
+  box-shadow: 0 1px 4px color-mix(in srgb, var(--sgnb-rt-fg) 30%, transparent); font-size: 11px; line-height: 15px; }
+.sgnb-rt[data-root-pinned="1"] .sgnb-rt-pin { display: block; }
+.sgnb-rt-pin .sub { display: block; color: var(--sgnb-rt-fg2); font-size: 10px; line-height: 14px; }
 .sgnb-rt svg { display: block; }
 .sgnb-rt-edges { fill: none; stroke: var(--sgnb-rt-line); stroke-width: 1.2; }
 .sgnb-rt-node { cursor: pointer; }
@@ -330,18 +343,34 @@ function createTreeView(container, options) {
   const heatTop = htmlEl("span", null, heat, "");
   const ctl = htmlEl("span", "sgnb-rt-ctl", head);
   if (opts.controls === false) ctl.style.display = "none";
-  const scroll = htmlEl("div", "sgnb-rt-scroll", root);
+  const frame = htmlEl("div", "sgnb-rt-frame", root);
+  const scroll = htmlEl("div", "sgnb-rt-scroll", frame);
   const svg = svgEl("svg", { width: 10, height: 10 }, scroll);
   const edges = svgEl("path", { class: "sgnb-rt-edges", d: "" }, svg);
   const layer = svgEl("g", {}, svg);
   const empty = htmlEl("div", "sgnb-rt-empty", scroll, "");
+  // the root's row, pinned over the scroll box while the root is scrolled out of it (see updatePin)
+  const pin = htmlEl("div", "sgnb-rt-pin", frame);
+  pin.title = "the root of the tree, scrolled out of view: click to scroll back to it";
+  const pinMain = htmlEl("b", null, pin, "root");
+  const pinSub = htmlEl("span", "sub", pin, "");
   const details = htmlEl("div", "sgnb-rt-details", root);
   const view = {
-    container, root, sum, heatTop, scroll, svg, edges, layer, empty, details,
+    container, root, sum, heatTop, scroll, svg, edges, layer, empty, details, pin, pinMain, pinSub,
     els: new Map(), state: { nodes: [] }, callbacks: {}, frame: 0,
-    localCollapsed: null, localSelected: undefined,
+    localCollapsed: null, localSelected: undefined, rootBox: null,
     fit: !!opts.fit, follow: !!opts.follow, zoom: !!opts.zoom, followed: null, shape: "", width: 0, resize: null,
   };
+  pin.addEventListener("click", (ev) => {
+    ev.stopPropagation();
+    const b = view.rootBox;
+    if (b) {
+      scroll.scrollTop = Math.max(0, b.y - 4);
+      scroll.scrollLeft = Math.max(0, b.x - 6);
+    }
+    updatePin(view);
+  });
+  scroll.addEventListener("scroll", () => updatePin(view), { passive: true });
   toggle(ctl, "fit", "fit width", view.fit, (on) => {
     view.fit = on;
     schedule(view);
@@ -648,15 +677,26 @@ function groupLines(row) {
   return [first, second];
 }
 
-/** Scroll `scroll` so that the box at (x, y, w, h) is in view: centred vertically when it was not, and its
- * left part in view when it was not. */
-function reveal(scroll, x, y, w, h) {
+/** Scroll `scroll` so that the box at (x, y, w, h) is in view: centred vertically when it was not (or when it
+ * was within `top` of the box's top, where the pinned root may cover it), and its left part in view when it was
+ * not, with `left` pixels of what is before it. */
+function reveal(scroll, x, y, w, h, top = 0, left = 6) {
   const H = scroll.clientHeight;
   const W = scroll.clientWidth;
-  if (y < scroll.scrollTop || y + h > scroll.scrollTop + H) scroll.scrollTop = Math.max(0, y - (H - h) / 2);
+  if (y < scroll.scrollTop + top || y + h > scroll.scrollTop + H) scroll.scrollTop = Math.max(0, y - (H - h) / 2);
   if (x < scroll.scrollLeft || x + Math.min(w, W) > scroll.scrollLeft + W) {
-    scroll.scrollLeft = Math.max(0, x - 6);
+    scroll.scrollLeft = Math.max(0, x - Math.min(left, Math.max(6, W - Math.min(w, W))));
   }
+}
+
+/** Pin the root's row over the scroll box while the root's box is not wholly inside the box's visible part. */
+function updatePin(view) {
+  const b = view.rootBox;
+  const s = view.scroll;
+  const out = !!b && (b.y < s.scrollTop || b.x < s.scrollLeft || b.y + b.h > s.scrollTop + s.clientHeight
+    || b.x + Math.min(b.w, s.clientWidth) > s.scrollLeft + s.clientWidth);
+  const flag = out ? "1" : "0";
+  if (view.root.dataset.rootPinned !== flag) view.root.dataset.rootPinned = flag;
 }
 
 function zoomFor(view, plan) {
@@ -698,6 +738,14 @@ function renderTree(view) {
         && row.state !== "evicted" && (newest === null || row.id > newest.id)) newest = row;
   }
   view.root.dataset.newest = newest ? String(newest.id) : "";
+  const rootRow = rows.find((r) => !r.group && (r.parent === null || r.parent === undefined));
+  const rootPlaced = rootRow ? plan.boxes.get(rootRow.id) : null;
+  view.rootBox = rootPlaced ? { x: rootPlaced.px * scale, y: rootPlaced.py * scale, w: rootPlaced.w * scale,
+    h: BOX_H * scale } : null;
+  if (rootPlaced) {
+    view.pin.style.width = `${Math.min(rootPlaced.w, BOX_W)}px`;
+    view.pinSub.textContent = subLine(rootRow, collapsed.has(rootRow.id), LABEL_CHARS).text;
+  }
 
   const seen = new Set();
   let d = "";
@@ -767,10 +815,13 @@ function renderTree(view) {
   const shape = `${plan.mode} ${plan.width} ${scale}`;
   if (view.follow && newest !== null && (newest.id !== view.followed || shape !== view.shape)) {
     const b = plan.boxes.get(newest.id);
-    reveal(view.scroll, b.px * scale, b.py * scale, b.w * scale, BOX_H * scale);
+    // clear of the pinned root: below its row, and in columns right of the column it covers
+    const left = outline ? 6 : 6 + (BOX_W + GAP_X) * scale;
+    reveal(view.scroll, b.px * scale, b.py * scale, b.w * scale, BOX_H * scale, (BOX_H + 8) * scale, left);
     view.followed = newest.id;
   }
   view.shape = shape;
+  updatePin(view);
 }
 
 function renderSummary(view, s, rows) {

@@ -8,7 +8,8 @@
  * opening "+N nodes" groups and selecting a node are sent along with the next request, and the kernel lays
  * the tree out accordingly. The tree starts with "fit width" on (a tree deeper than the panel's width allows
  * for columns is drawn as an outline, so the narrow panel does not scroll sideways) and "follow newest" on
- * (the most recently inserted node is kept in view); both are toggles in the tree's header.
+ * (the most recently inserted node is kept in view, and the root's row stays pinned in view while the root is
+ * scrolled out); both are toggles in the tree's header.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';

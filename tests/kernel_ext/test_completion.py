@@ -1,12 +1,10 @@
 """Completion and help: `%sgl` lines complete their subcommands, options and model aliases; in a `%%sgl` cell the
 primitives are known to the kernel's completer and inspector (`gen(max_t` + Tab, `gen(` + Shift-Tab). Through a
-real kernel (jupyter_client), as JupyterLab asks; no model is loaded."""
+real kernel (jupyter_client), as JupyterLab asks (the `kernel` fixture: conftest.py); no model is loaded."""
 
 from __future__ import annotations
 
 import inspect
-
-import pytest
 
 import sgnb
 from sgnb.kernel_ext.engine_magics import SUBCOMMANDS, complete_line, model_aliases
@@ -46,22 +44,6 @@ def test_backend_and_state_names_come_from_the_namespace():
 def test_gen_signature_is_introspectable():
     params = inspect.signature(sgnb.gen).parameters
     assert list(params)[:2] == ["name", "max_tokens"] and "temperature" in params and "regex" in params
-
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """A python3 kernel with `%load_ext sgnb`: (client, the reply to a request)."""
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path_factory.mktemp("kernel")),
-                              extra_arguments=["--IPKernelApp.log_level=ERROR"])
-    try:
-        reply = kc.execute_interactive("%load_ext sgnb", timeout=120)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def _complete(kc, code: str, cursor: int | None = None) -> tuple[list[str], str]:

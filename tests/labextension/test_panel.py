@@ -5,10 +5,6 @@ driven by Playwright)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browsers import ARTIFACTS, ROOT, jupyter_server, open_browser, run_all_cells, write_notebook
 
 from sgnb.kernel_ext import panel
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture
@@ -322,17 +315,6 @@ NOTEBOOK_CELLS = [
 ]
 
 
-def _ensure_chromium() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    if shutil.which("apt-get") is None:
-        pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True, timeout=300)
-    subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, env=env, capture_output=True,
-                   timeout=600)
-
-
 def _built_extension() -> Path:
     """labextension/build, rebuilt by the same setup.py step the wheel uses when a source is newer."""
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_labextension"], cwd=ROOT,
@@ -343,76 +325,25 @@ def _built_extension() -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_notebook(path: Path) -> None:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
-    nbformat.write(nb, str(path))
-
-
 @pytest.fixture
-def jupyter_lab(tmp_path):
+def jupyter_lab(tmp_path, chromium):
     """A JupyterLab server on a free port whose extension path puts this checkout's build first."""
-    _ensure_chromium()
     build = _built_extension()
     ext_dir = tmp_path / "labextensions"
     ext_dir.mkdir()
     (ext_dir / "sgnb").symlink_to(build, target_is_directory=True)
     root = tmp_path / "root"
     root.mkdir()
-    _write_notebook(root / "panel.ipynb")
-    # no "fetch Jupyter news?" toast, and the command palette in the left area: the modal one closes whenever
-    # something else takes the focus, as the notebook does while its kernel starts
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    (settings / "palette.jupyterlab-settings").write_text(json.dumps({"modal": False}))
-    port = _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.root_dir={root}", f"--LabApp.extra_labextensions_path={ext_dir}",
-         "--LabApp.expose_app_in_browser=True"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "jupyter lab did not start in 60 s"
-            time.sleep(0.3)
+    write_notebook(root / "panel.ipynb", NOTEBOOK_CELLS)
+    # the command palette in the left area: the modal one closes whenever something else takes the focus, as
+    # the notebook does while its kernel starts
+    with jupyter_server(tmp_path, root=root, settings={"palette": {"modal": False}},
+                        args=[f"--LabApp.extra_labextensions_path={ext_dir}", "--LabApp.expose_app_in_browser=True"]
+                        ) as url:
         with urllib.request.urlopen(f"{url}/lab/api/extensions", timeout=10) as r:
             names = {e["name"]: e for e in json.load(r)}
         assert "sgnb" in names, sorted(names)
         yield url, tmp_path
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 # records what the panel shows each time its DOM changes, with the notebook's progress at that moment
@@ -440,8 +371,9 @@ RECORDER = """
 """
 
 
-# the panel's tree: its layout, the widths of the panel and of the tree's scroll box, and whether the newest
-# node (outlined when "follow newest" is on) lies inside the scroll box's visible part
+# the panel's tree: its layout, the widths of the panel and of the tree's scroll box, whether the newest node
+# (outlined when "follow newest" is on) lies inside the scroll box's visible part, and the root: in view itself,
+# or its row pinned over the box (radix_tree_draw.js) and not over the newest node
 PANEL_GEOMETRY = """
 () => {
   const panel = document.querySelector('#sgnb-engine-panel');
@@ -450,6 +382,10 @@ PANEL_GEOMETRY = """
   const newest = panel.querySelector('g.sgnb-rt-node.newest');
   const box = scroll.getBoundingClientRect();
   const n = newest ? newest.getBoundingClientRect() : null;
+  const inView = (r) => !!r && r.width > 0 && r.top >= box.top - 1 && r.bottom <= box.bottom + 1
+                        && r.left >= box.left - 1 && r.left < box.right;
+  const root = panel.querySelector('g.sgnb-rt-node.root').getBoundingClientRect();
+  const pin = panel.querySelector('.sgnb-rt-pin').getBoundingClientRect();
   return {
     layout: tree.dataset.layout, newest: tree.dataset.newest,
     drawn: panel.querySelectorAll('g.sgnb-rt-node:not(.root):not(.group)').length,
@@ -457,6 +393,10 @@ PANEL_GEOMETRY = """
     tree_client_width: scroll.clientWidth, tree_scroll_width: scroll.scrollWidth,
     newest_in_view: !!n && n.top >= box.top - 1 && n.bottom <= box.bottom + 1 && n.left >= box.left - 1
                     && n.left < box.right,
+    root_in_view: inView(root), root_pinned: tree.dataset.rootPinned, pin_in_view: inView(pin),
+    pin_text: panel.querySelector('.sgnb-rt-pin').innerText,
+    newest_under_pin: !!n && pin.width > 0 && pin.left < n.right && n.left < pin.right && pin.top < n.bottom
+                      && n.top < pin.bottom,
   };
 }
 """
@@ -471,87 +411,85 @@ def _run_from_palette(page, label: str) -> None:
 
 
 @pytest.mark.slow
-def test_panel_shows_the_tree_growing_while_cells_run(jupyter_lab):
-    from playwright.sync_api import sync_playwright
-
+def test_panel_shows_the_tree_growing_while_cells_run(chromium, jupyter_lab):
     url, tmp_path = jupyter_lab
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/lab/tree/panel.ipynb?reset")
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/lab/tree/panel.ipynb?reset")
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
 
-            page.wait_for_function("window.jupyterapp?.commands.hasCommand('sgnb:show-engine-panel')")
-            page.evaluate("window.jupyterapp.restored")
-            _run_from_palette(page, "sgnb: Show LM engine panel")
-            panel = page.locator("#sgnb-engine-panel")
-            panel.wait_for(state="visible", timeout=10_000)
-            # the kernel answers before any engine exists: sgnb is importable there, no engine yet
-            page.wait_for_selector("#sgnb-engine-panel[data-status='no-engine']", timeout=30_000)
-            assert "%sgl model smollm2" in panel.inner_text()  # the empty state says what to type
-            page.evaluate(RECORDER)
+        page.wait_for_function("window.jupyterapp?.commands.hasCommand('sgnb:show-engine-panel')")
+        page.evaluate("window.jupyterapp.restored")
+        _run_from_palette(page, "sgnb: Show LM engine panel")
+        panel = page.locator("#sgnb-engine-panel")
+        panel.wait_for(state="visible", timeout=10_000)
+        # the kernel answers before any engine exists: sgnb is importable there, no engine yet
+        page.wait_for_selector("#sgnb-engine-panel[data-status='no-engine']", timeout=30_000)
+        assert "%sgl model smollm2" in panel.inner_text()  # the empty state says what to type
+        page.evaluate(RECORDER)
 
-            page.locator(".jp-Notebook").first.click()
-            page.click("li.lm-MenuBar-item:has-text('Run')")
-            page.click(".lm-Menu-item:has-text('Run All Cells')")
-            page.wait_for_selector("#sgnb-engine-panel[data-status='live']", timeout=90_000)
-            page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 2",
-                                   timeout=90_000)
-            page.screenshot(path=str(ARTIFACTS / "labextension-panel-running.png"))
-            page.wait_for_selector(f".jp-OutputArea-output:has-text('gen cell {GEN_CELLS - 1} done')",
-                                   timeout=120_000)
-            page.wait_for_timeout(1500)  # the last poll after the last cell
-            page.screenshot(path=str(ARTIFACTS / "labextension-panel-final.png"))
-            record = page.evaluate("window.__sgnbRecord")
+        page.locator(".jp-Notebook").first.click()
+        run_all_cells(page)
+        page.wait_for_selector("#sgnb-engine-panel[data-status='live']", timeout=90_000)
+        page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 2",
+                               timeout=90_000)
+        page.screenshot(path=str(ARTIFACTS / "labextension-panel-running.png"))
+        page.wait_for_selector(f".jp-OutputArea-output:has-text('gen cell {GEN_CELLS - 1} done')",
+                               timeout=120_000)
+        page.wait_for_timeout(1500)  # the last poll after the last cell
+        page.screenshot(path=str(ARTIFACTS / "labextension-panel-final.png"))
+        record = page.evaluate("window.__sgnbRecord")
 
-            # intermediate states: the drawn tree grew step by step while later cells were still queued
-            running = [r for r in record if r["status"] == "live" and r["pending"] > 0]
-            counts = sorted({r["drawn"] for r in running if r["drawn"] > 0})
-            assert len(counts) >= 3, record
-            grown = [r["drawn"] for r in record if r["status"] == "live"]
-            assert grown == sorted(grown), "the tree shrank without evictions"
-            final = record[-1]
-            assert final["drawn"] >= GEN_CELLS and final["nodes"] >= final["drawn"], record
-            assert panel.locator(".sgnb-st-tile").count() >= 3  # the stats drawing too
+        # intermediate states: the drawn tree grew step by step while later cells were still queued
+        running = [r for r in record if r["status"] == "live" and r["pending"] > 0]
+        counts = sorted({r["drawn"] for r in running if r["drawn"] > 0})
+        assert len(counts) >= 3, record
+        grown = [r["drawn"] for r in record if r["status"] == "live"]
+        assert grown == sorted(grown), "the tree shrank without evictions"
+        final = record[-1]
+        assert final["drawn"] >= GEN_CELLS and final["nodes"] >= final["drawn"], record
+        assert panel.locator(".sgnb-st-tile").count() >= 3  # the stats drawing too
 
-            # %%sgl: the magic line is one marked span, the body has Python token classes
-            editor = page.locator(".cm-editor.sgnb-sgl-cell")
-            editor.scroll_into_view_if_needed()
-            assert editor.count() == 1
-            assert editor.locator(".sgnb-cell-magic").first.inner_text().startswith("%%sgl --temperature 0")
-            keywords = editor.locator(".tok-keyword").all_inner_texts()
-            assert "if" in keywords and "in" in keywords, keywords
-            assert editor.locator(".tok-string").count() >= 3
-            assert editor.locator(".tok-variableName:has-text('assistant')").count() == 1
-            # the plain Python cells get the same classes (the notebook's own language)
-            assert page.locator(".cm-editor:not(.sgnb-sgl-cell) .tok-keyword:has-text('def')").count() >= 1
-            page.screenshot(path=str(ARTIFACTS / "labextension-sgl-cell.png"))
+        # %%sgl: the magic line is one marked span, the body has Python token classes
+        editor = page.locator(".cm-editor.sgnb-sgl-cell")
+        editor.scroll_into_view_if_needed()
+        assert editor.count() == 1
+        assert editor.locator(".sgnb-cell-magic").first.inner_text().startswith("%%sgl --temperature 0")
+        keywords = editor.locator(".tok-keyword").all_inner_texts()
+        assert "if" in keywords and "in" in keywords, keywords
+        assert editor.locator(".tok-string").count() >= 3
+        assert editor.locator(".tok-variableName:has-text('assistant')").count() == 1
+        # the plain Python cells get the same classes (the notebook's own language)
+        assert page.locator(".cm-editor:not(.sgnb-sgl-cell) .tok-keyword:has-text('def')").count() >= 1
+        page.screenshot(path=str(ARTIFACTS / "labextension-sgl-cell.png"))
 
-            # a deep tree of a few hundred nodes fits the panel's default width (fit width, on by default),
-            # and the newest node is in view (follow newest, on by default)
-            page.wait_for_selector(".jp-OutputArea-output:has-text('big tree done')", timeout=180_000)
-            page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 250",
-                                   timeout=30_000)
-            page.wait_for_timeout(1500)  # the last poll, drawn
-            fit = page.evaluate(PANEL_GEOMETRY)
-            assert fit["drawn"] >= 250 and fit["layout"] == "outline", fit
-            assert fit["tree_scroll_width"] <= fit["tree_client_width"], f"the tree scrolls sideways: {fit}"
-            assert fit["panel_scroll_width"] <= fit["panel_client_width"], f"the panel overflows: {fit}"
-            assert fit["newest_in_view"], fit
-            page.screenshot(path=str(ARTIFACTS / "labextension-panel-big-tree.png"))
-            # without fit width the same tree is drawn in columns and scrolls sideways (the fallback)
-            panel.locator(".sgnb-rt-ctl input[name=fit]").uncheck()
-            page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='columns']", timeout=5_000)
-            wide = page.evaluate(PANEL_GEOMETRY)
-            assert wide["tree_scroll_width"] > wide["tree_client_width"] + 500, wide
-            panel.locator(".sgnb-rt-ctl input[name=fit]").check()
-            page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='outline']", timeout=5_000)
-            assert not [e for e in errors if "sgnb" in e], errors
-        finally:
-            browser.close()
+        # a deep tree of a few hundred nodes fits the panel's default width (fit width, on by default),
+        # and the newest node is in view (follow newest, on by default)
+        page.wait_for_selector(".jp-OutputArea-output:has-text('big tree done')", timeout=180_000)
+        page.wait_for_function("document.querySelector('#sgnb-engine-panel').dataset.nodes >= 250",
+                               timeout=30_000)
+        page.wait_for_timeout(1500)  # the last poll, drawn
+        fit = page.evaluate(PANEL_GEOMETRY)
+        assert fit["drawn"] >= 250 and fit["layout"] == "outline", fit
+        assert fit["tree_scroll_width"] <= fit["tree_client_width"], f"the tree scrolls sideways: {fit}"
+        assert fit["panel_scroll_width"] <= fit["panel_client_width"], f"the panel overflows: {fit}"
+        assert fit["newest_in_view"], fit
+        # following the newest, 250 rows down: the root's row is pinned in view (not over the newest), and
+        # a click on it scrolls back to the root
+        assert not fit["root_in_view"] and fit["root_pinned"] == "1" and fit["pin_in_view"], fit
+        assert fit["pin_text"].startswith("root") and not fit["newest_under_pin"], fit
+        page.screenshot(path=str(ARTIFACTS / "labextension-panel-big-tree.png"))
+        panel.locator(".sgnb-rt-pin").click()
+        page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-root-pinned='0']", timeout=5_000)
+        assert page.evaluate(PANEL_GEOMETRY)["root_in_view"]
+        # without fit width the same tree is drawn in columns and scrolls sideways (the fallback)
+        panel.locator(".sgnb-rt-ctl input[name=fit]").uncheck()
+        page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='columns']", timeout=5_000)
+        wide = page.evaluate(PANEL_GEOMETRY)
+        assert wide["tree_scroll_width"] > wide["tree_client_width"] + 500, wide
+        panel.locator(".sgnb-rt-ctl input[name=fit]").check()
+        page.wait_for_selector("#sgnb-engine-panel .sgnb-rt[data-layout='outline']", timeout=5_000)
+        assert not [e for e in errors if "sgnb" in e], errors

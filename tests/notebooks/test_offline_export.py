@@ -2,7 +2,8 @@
 on the default model, written as .ipynb (each view's output carries a static text/html snapshot of the final
 picture) and as HTML (`sgnb.notebook.export_html`: the views drawn by a script inlined in the page), then opened
 in headless Debian chromium with every request that is not a file refused. Also: `sgnb export` and
-`jupyter nbconvert --to sgnb.notebook.OfflineHTMLExporter` on the executed notebook, and the snapshots alone."""
+`jupyter nbconvert --to sgnb.notebook.OfflineHTMLExporter` on the executed notebook, the outputs as the kernel
+sends them (what JupyterLab saves: the final snapshot, with no widget state), and the snapshots alone."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from browsers import open_browser
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from sgnb.notebook import (
@@ -25,12 +27,9 @@ from sgnb.notebook import (
     export_html,
     write_notebook,
 )
-from sgnb.widgets._static import program_html, snapshot_html, stats_html, tree_html
+from sgnb.widgets._static import batch_html, program_html, snapshot_html, stats_html, tree_html
 
-CHROMIUM = "/usr/bin/chromium"
 NETWORK_SCRIPT = re.compile(r"<script[^>]+src=[\"']https?:")  # what nbconvert's own page loads from CDNs
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-quic"]
 
 CELLS = [
     "%load_ext sgnb\n%sgl model smollm2",
@@ -77,6 +76,43 @@ def test_every_view_output_has_a_static_snapshot(executed):
     assert "waiting for a program" not in program
 
 
+# what JupyterLab saves: the outputs as the kernel last sent them, and (by default) no widget state
+LIVE_CELLS = [
+    "%load_ext sgnb\n%sgl model smollm2",
+    '%%sgl --temperature 0 -o st\ns += "A list of colors: red, green," + gen("more", max_tokens=4)',
+    '@function\ndef colour(s, n):\n    s += f"Colour number {n}:" + gen("c", max_tokens=3, temperature=0)\n\n'
+    'states = colour.run_batch([{"n": 1}, {"n": 2}])',
+    'import json\nprint(json.dumps({"more": st["more"], "c": [x["c"] for x in states]}))',
+]
+
+
+@pytest.mark.slow
+def test_saved_outputs_carry_the_snapshot_of_the_finished_run(tmp_path):
+    """A `%%sgl` cell's view and a run_batch's table are displayed before their programs run; when the run is over
+    the kernel sends their outputs again (update_display_data), so the outputs a frontend saves carry the final
+    snapshot. Executed with nbclient alone (which applies those updates as JupyterLab does), nothing redrawn
+    from the widget state afterwards, and the widget state dropped."""
+    from nbclient import NotebookClient
+
+    nb = new_notebook(cells=[new_code_cell(c) for c in LIVE_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(nb, timeout=180, kernel_name="python3", extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, str(tmp_path / "saved.ipynb"))
+    nb = nbformat.read(str(tmp_path / "saved.ipynb"), as_version=4)
+    printed = json.loads(nb.cells[-1].outputs[-1]["text"].strip().splitlines()[-1])
+    views = _views(nb)
+    assert len(views) == 2 and all("text/html" in v for v in views), views
+    program, batch = (v["text/html"] for v in views)
+    assert "sgnb-static-program" in program and "waiting for a program" not in program
+    assert 'data-var="more"' in program and html.escape(printed["more"].strip()) in program
+    assert "A list of colors" in program and ">done</b>" in program
+    assert "sgnb-static-batch" in batch and "2/2 finished" in batch and batch.count(">done</b>") == 2
+    for c in printed["c"]:
+        assert f"<code>{html.escape(' '.join(c.split()))}</code>" in batch, (c, batch)
+
+
 def _open(browser, path: Path, refused: list[str], javascript: bool = True):
     context = browser.new_context(viewport={"width": 1300, "height": 1000}, java_script_enabled=javascript)
     page = context.new_page()
@@ -93,46 +129,39 @@ def _open(browser, path: Path, refused: list[str], javascript: bool = True):
 
 
 @pytest.mark.slow
-def test_html_export_shows_every_view_with_the_network_blocked(executed):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_html_export_shows_every_view_with_the_network_blocked(executed, chromium):
     work, printed = executed
     assert not NETWORK_SCRIPT.search((work / "out.html").read_text(encoding="utf-8"))
     refused: list[str] = []
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        try:
-            # scripts on: the live views, drawn from the saved state by the page's own script
-            page = _open(browser, work / "out.html", refused)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.wait_for_selector("html[data-sgnb-widgets]", timeout=30_000)
-            assert page.locator("html").get_attribute("data-sgnb-widgets") == "3 rendered, 0 static"
-            gen = page.locator(".sgnb-pv-gen[data-var='more']")
-            assert gen.inner_text().strip() == printed["more"].strip()
-            shown = page.locator(".sgnb-pv").first.inner_text()
-            assert "A list of colors" in shown and "The best one is" in shown and printed["best"].strip() in shown
-            assert page.locator(".sgnb-rt-node").count() >= 4
-            labels = page.locator(".sgnb-rt-node text").all_text_contents()
-            assert "root" in labels and any("A list of colors" in t for t in labels)
-            assert page.locator(".sgnb-st-tile").count() == 4
-            assert page.locator(".sgnb-static-output").count() == 0  # each replaced by its view
-            page.screenshot(path=str(work / "offline.png"), full_page=True)
+    with open_browser(chromium) as browser:
+        # scripts on: the live views, drawn from the saved state by the page's own script
+        page = _open(browser, work / "out.html", refused)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.wait_for_selector("html[data-sgnb-widgets]", timeout=30_000)
+        assert page.locator("html").get_attribute("data-sgnb-widgets") == "3 rendered, 0 static"
+        gen = page.locator(".sgnb-pv-gen[data-var='more']")
+        assert gen.inner_text().strip() == printed["more"].strip()
+        shown = page.locator(".sgnb-pv").first.inner_text()
+        assert "A list of colors" in shown and "The best one is" in shown and printed["best"].strip() in shown
+        assert page.locator(".sgnb-rt-node").count() >= 4
+        labels = page.locator(".sgnb-rt-node text").all_text_contents()
+        assert "root" in labels and any("A list of colors" in t for t in labels)
+        assert page.locator(".sgnb-st-tile").count() == 4
+        assert page.locator(".sgnb-static-output").count() == 0  # each replaced by its view
+        page.screenshot(path=str(work / "offline.png"), full_page=True)
 
-            # scripts off (a viewer that runs none): the static snapshots
-            page = _open(browser, work / "out.html", refused, javascript=False)
-            snapshots = page.locator(".sgnb-static-output")
-            assert snapshots.count() == 3
-            program, tree, stats = (snapshots.nth(i) for i in range(3))
-            assert program.locator("[data-var='more']").inner_text().strip() == printed["more"].strip()
-            assert printed["best"].strip() in program.locator("[data-var='best']").inner_text()
-            rows = tree.locator("tr").all_inner_texts()
-            assert any(r.strip().startswith("root") for r in rows) and any("A list of colors" in r for r in rows)
-            assert "cache hit rate" in stats.inner_text() and "KV pool" in stats.inner_text()
-            page.screenshot(path=str(work / "offline-static.png"), full_page=True)
-        finally:
-            browser.close()
+        # scripts off (a viewer that runs none): the static snapshots
+        page = _open(browser, work / "out.html", refused, javascript=False)
+        snapshots = page.locator(".sgnb-static-output")
+        assert snapshots.count() == 3
+        program, tree, stats = (snapshots.nth(i) for i in range(3))
+        assert program.locator("[data-var='more']").inner_text().strip() == printed["more"].strip()
+        assert printed["best"].strip() in program.locator("[data-var='best']").inner_text()
+        rows = tree.locator("tr").all_inner_texts()
+        assert any(r.strip().startswith("root") for r in rows) and any("A list of colors" in r for r in rows)
+        assert "cache hit rate" in stats.inner_text() and "KV pool" in stats.inner_text()
+        page.screenshot(path=str(work / "offline-static.png"), full_page=True)
     assert not refused, refused
     assert not errors, errors
 
@@ -189,6 +218,35 @@ def test_snapshots_escape_text_and_draw_forks_rows_and_tiles():
     stats = stats_html({"cache_hit_rate": 0.5, "kv_used": 10, "kv_total": 100, "model": "m", "device": "cpu"},
                        {"hit_rate": [0.1, 0.5], "kv_used_frac": [0.1]})
     assert "50%" in stats and "10% used" in stats and "<polyline" in stats and "idle (last 0.0)" in stats
+
+
+def test_the_batch_snapshot_is_the_table():
+    """A run_batch's snapshot (BatchView): the counts, then a row per program with its status, arguments,
+    variables and progress, as batch_view.js draws it; text escaped; a failed row's error under its status."""
+    rows = [{"i": 0, "program": "p0", "arguments": {"q": "'<b>one</b>'"}, "status": "done",
+             "values": {"a": "Paris & Rome"}, "gens": 2, "gens_done": 2, "tokens": 7, "error": "", "elapsed": 1.25},
+            {"i": 1, "program": "p1", "arguments": {"q": "'two'"}, "status": "error", "values": {},
+             "gens": 1, "gens_done": 0, "tokens": 0, "error": "ValueError: boom <x> " + "y" * 300, "elapsed": 0.5},
+            {"i": 2, "program": None, "arguments": {"q": "'three'"}, "status": "queued", "values": {},
+             "gens": 0, "gens_done": 0, "tokens": 0, "error": "", "elapsed": None}]
+    summary = {"total": 5, "queued": 1, "running": 0, "done": 1, "error": 1, "interrupted": 0, "cancelled": 2,
+               "gens": 2, "tokens": 7, "shown": 3, "arguments": 1, "elapsed": 3.0}
+    shown = batch_html("qa", ["q", "a"], rows, summary)
+    assert "run_batch: qa" in shown and "2/5 finished" in shown and "1 failed" in shown and "2 interrupted" in shown
+    assert "2 gens, 7 tokens" in shown and "3.0 s" in shown
+    assert shown.count("<tr>") == 1 + 3 and ">q</th>" in shown and ">a</th>" in shown and ">gens</th>" in shown
+    assert "&#x27;&lt;b&gt;one&lt;/b&gt;&#x27;" in shown and "<b>one</b>" not in shown
+    assert "<code>Paris &amp; Rome</code>" in shown and ">2/2<" in shown and ">1.2<" in shown
+    assert ">done</b>" in shown and ">error</b>" in shown and ">queued</b>" in shown
+    error = shown.split("<small")[1]  # the error: cut in the cell, whole in its tooltip
+    assert "ValueError: boom &lt;x&gt;" in error and "y" * 300 + '"' in error and "...</small>" in error
+    assert "y" * 300 + "</small>" not in error
+    assert "2 more programs (counted above, not listed)" in shown
+    assert shown.count("<div") == shown.count("</div>")
+    state = {"_anywidget_id": "sgnb.widgets._batch_view.BatchView", "title": "qa", "columns": ["q", "a"],
+             "rows": rows, "summary": summary}
+    assert snapshot_html(state) == shown
+    assert "0/0 finished" in snapshot_html({"_anywidget_id": "sgnb.widgets._batch_view.BatchView"})
 
 
 def test_only_sgnb_views_get_a_snapshot():

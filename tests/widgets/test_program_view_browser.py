@@ -14,27 +14,16 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from browsers import ORIGIN, ROOT, jupyter_server, run_all_cells, shoot
 
 import sgnb as sgl
 from sgnb.widgets import ProgramView
 from sgnb.widgets._batch_view import BatchView
 from sgnb.widgets._esm import bundle
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ORIGIN = "http://sgnb.test/"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-quic"]
 MIN_COL = 220  # program_view.js: the narrowest a branch column gets
 
 pytestmark = pytest.mark.slow
@@ -69,24 +58,6 @@ COLUMNS = """(host) => [...host.querySelectorAll(".sgnb-pv-fork > .sgnb-pv-prog"
   .filter((e) => e.offsetParent !== null).map((e) => e.getBoundingClientRect().width)"""
 
 
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no /usr/bin/chromium (Debian's chromium: apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api")
-    return CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def browser(chromium):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
 def show(browser, widget: str, state: dict, width: int):
     """A page with `widget`'s ES module drawing `state` into an output box `width` px wide (#out)."""
     page = browser.new_page(viewport={"width": width + 60, "height": 900})
@@ -104,8 +75,7 @@ def show(browser, widget: str, state: dict, width: int):
 
 
 def shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.locator("#out").screenshot(path=str(ARTIFACTS / name))
+    shoot(page.locator("#out"), name)
 
 
 def traits(view: ProgramView) -> dict:
@@ -287,8 +257,7 @@ def test_token_detail_on_hover(browser, detail_state):
         inside = page.locator("#out").evaluate("""h => { const a = h.getBoundingClientRect(),
           b = h.querySelector('.sgnb-pv-card').getBoundingClientRect(); return b.left >= a.left && b.right <= a.right + 1; }""")
         assert inside
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "program-view-token-card.png"))  # the card may pass the box
+        shoot(page, "program-view-token-card.png")  # the card may pass the box
         forced.first.hover()
         page.wait_for_function("document.querySelector('.sgnb-pv-card').textContent.includes('forced')")
         page.mouse.move(0, 0)
@@ -366,35 +335,10 @@ def test_batch_view_table(browser, runtime, monkeypatch):
 # ---- in JupyterLab: the example notebook in a real output area -------------------------------------------
 @pytest.fixture
 def lab_notebook(tmp_path):
-    """JupyterLab over a copy of notebooks/tree_of_thought_fork.ipynb (no token); yields its URL; stopped with
-    SIGTERM (its kernels too)."""
-    pytest.importorskip("jupyterlab")
+    """JupyterLab over a copy of notebooks/tree_of_thought_fork.ipynb (no token); yields its URL."""
     (tmp_path / "tot.ipynb").write_bytes((ROOT / "notebooks" / "tree_of_thought_fork.ipynb").read_bytes())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.root_dir={tmp_path}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(url + "/api/status", timeout=1)
-                break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-                time.sleep(0.25)
+    with jupyter_server(tmp_path) as url:
         yield url + "/lab/tree/tot.ipynb?reset"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_tree_of_thought_notebook_in_jupyterlab(browser, lab_notebook):
@@ -402,22 +346,13 @@ def test_tree_of_thought_notebook_in_jupyterlab(browser, lab_notebook):
     try:
         page.goto(lab_notebook)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        for _ in range(3):  # the first click can land before the notebook panel takes commands
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-            try:
-                page.wait_for_function("[...document.querySelectorAll('.jp-InputPrompt')]"
-                                       ".some(e => /\\[[*0-9]/.test(e.textContent))", timeout=20_000)
-                break
-            except Exception:
-                page.keyboard.press("Escape")
+        run_all_cells(page)  # (the first click can land before the notebook panel takes commands)
         page.wait_for_selector(".sgnb-pv-prog:not(.sgnb-pv-fork .sgnb-pv-prog) > .sgnb-pv-ph .sgnb-pv-status.done",
                                timeout=180_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         out = page.locator(".jp-OutputArea-output", has=page.locator(".sgnb-pv")).first
         out.scroll_into_view_if_needed()
-        ARTIFACTS.mkdir(exist_ok=True)
-        out.screenshot(path=str(ARTIFACTS / "program-view-tot-jupyterlab.png"))
+        shoot(out, "program-view-tot-jupyterlab.png")
         assert out.evaluate(OVERFLOW) == [], "something spills past the output area"
         assert out.evaluate("o => o.scrollWidth <= o.clientWidth + 1"), "the output area scrolls sideways"
         widths = out.evaluate(COLUMNS)

@@ -4,7 +4,7 @@
    the lab panel over real engines, or over synthetic nodes) drawn by radix_tree_draw.js, under JupyterLab's
    own light or dark theme CSS: labels show where siblings differ and chat-template tokens as role chips, a
    500-node tree is an overview that fits, heat colours after a run, evicted nodes stay visible after an
-   eviction, every label is readable in both themes.
+   eviction, every label is readable in both themes, "follow newest" keeps the root's row in view (pinned).
 2. Live in JupyterLab with the dark theme: a RadixTreeView in a notebook starts in "fit width" with the root in
    view, counts the requests done before it was made, and after a run with evictions shows the evicted nodes
    and the heat, readably.
@@ -13,28 +13,16 @@ Screenshots go to test-artifacts/.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from browsers import ARTIFACTS, ORIGIN, ROOT, jupyter_server, open_browser, run_all_cells, write_notebook
 
 from sgnb.widgets._tree_rows import LABEL_TOKENS, Node, build_rows
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ORIGIN = "http://sgnb.test/"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-quic"]
 LABEL_CHARS = 26  # radix_tree_draw.js: characters of a label in a column box
 
 pytestmark = pytest.mark.slow
@@ -47,19 +35,6 @@ def _themes() -> Path:
         if (base / "themes" / "@jupyterlab").is_dir():
             return base / "themes" / "@jupyterlab"
     pytest.skip("JupyterLab's theme CSS is not installed")
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    if not Path(CHROMIUM).exists():
-        apt = shutil.which("apt-get")
-        if apt is None:
-            pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run([apt, "update", "-q"], check=True, env=env, capture_output=True)
-        subprocess.run([apt, "install", "-y", "-q", "chromium"], check=True, env=env, capture_output=True)
-    pytest.importorskip("playwright.sync_api")
-    return CHROMIUM
 
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8">{link}
@@ -76,9 +51,8 @@ class Page:
     """A bare page with radix_tree_draw.js and (optionally) JupyterLab's light or dark theme CSS; nothing else
     can be loaded."""
 
-    def __init__(self, p, chromium: str, theme: str | None = None, width: int = 900) -> None:
-        self.browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
-        self.page = self.browser.new_page(viewport={"width": width + 40, "height": 1000})
+    def __init__(self, browser, theme: str | None = None, width: int = 900) -> None:
+        self.page = browser.new_page(viewport={"width": width + 40, "height": 1000})
         self.errors: list[str] = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         html = PAGE.format(link='<link rel="stylesheet" href="theme.css">' if theme else "", width=width)
@@ -105,7 +79,7 @@ class Page:
         self.page.wait_for_timeout(100)  # the frame after the call
 
     def close(self) -> None:
-        self.browser.close()
+        self.page.close()
 
 
 # every drawn node: its class, label, the box's and the label's computed colours
@@ -168,8 +142,6 @@ def test_labels_show_where_siblings_differ_and_roles_as_chips(engine, chromium):
     re-tokenized reply reads like the generated one): siblings whose labels share ~120 characters. Each box
     shows the words after that ("cats" / "dogs"), not the shared start cut by an ellipsis; a chat prompt's
     template tokens are role chips, and the text after them stays in the box."""
-    from playwright.sync_api import sync_playwright
-
     from sgnb.widgets import RadixTreeView
 
     tok = engine.tokenizer
@@ -195,9 +167,9 @@ def test_labels_show_where_siblings_differ_and_roles_as_chips(engine, chromium):
     assert system["label"].startswith("\ue000You are terse.")  # <|im_start|>system\n: one glyph
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
+    with open_browser(chromium) as browser:
         for fit, width in ((False, 1300), (True, 520)):  # columns; the outline of a narrow box
-            page = Page(p, chromium, "light", width)
+            page = Page(browser, "light", width)
             try:
                 page.draw(rows, view.summary, fit=fit)
                 drawn = page.page.evaluate("""() => [...document.querySelectorAll('.sgnb-rt-node')].map(g =>
@@ -243,8 +215,6 @@ def test_a_500_node_tree_is_an_overview_that_fits(chromium):
     """A 512-node tree with the default budget (300 rows): a dozen examples of the 480 identical leaves and one
     "+468 more leaves like these" group, the ten other branches whole; it fits the box's width with the root
     in view, and "zoom to fit" shows all of it."""
-    from playwright.sync_api import sync_playwright
-
     nodes, texts = _big_tree()
     rows, summary = build_rows(nodes, lambda i, n: (texts.get(i, ""), []))
     assert summary["nodes"] == 512 and len(rows) < 60  # an overview, not 299 identical leaves
@@ -252,8 +222,8 @@ def test_a_500_node_tree_is_an_overview_that_fits(chromium):
     assert (group["children"], group["leaves"], group["shapes"], group["like_shown"]) == (468, 468, 1, True)
     assert len([r for r in rows if r["parent"] == 1 and not r.get("group")]) == 12 + 10
 
-    with sync_playwright() as p:
-        page = Page(p, chromium, "light", 700)
+    with open_browser(chromium) as browser:
+        page = Page(browser, "light", 700)
         try:
             page.draw(rows, summary, fit=True)
             geo = page.page.evaluate("""() => {
@@ -283,6 +253,91 @@ def test_a_500_node_tree_is_an_overview_that_fits(chromium):
             page.close()
 
 
+def _deep_tree() -> tuple[list[Node], dict[int, str]]:
+    """The lab panel's big tree (tests/labextension): "Topic a. Part b. Item c. Note d." for 3 x 4 x 4 x 4
+    requests, 6 levels below the root; ids in insertion order, so the newest node is the last, deepest leaf."""
+    nodes, texts, nid = [Node(0, None, 0, hits=12)], {}, 1
+    for a in range(3):
+        topic, nid = nid, nid + 1
+        nodes.append(Node(topic, 0, 3, hits=47))
+        texts[topic] = f"Topic {a}."
+        for b in range(4):
+            part, nid = nid, nid + 1
+            nodes.append(Node(part, topic, 3, hits=15))
+            texts[part] = f" Part {b}."
+            for c in range(4):
+                item, nid = nid, nid + 1
+                nodes.append(Node(item, part, 3, hits=3))
+                texts[item] = f" Item {c}."
+                for d in range(4):
+                    nodes.append(Node(nid, item, 4))
+                    texts[nid] = f" Note {d}."
+                    nid += 1
+    return nodes, texts
+
+
+# where the pinned root, the real root and the newest node are, against the scroll box's visible part
+PINNED = """() => {
+  const rt = document.querySelector('.sgnb-rt');
+  const box = rt.querySelector('.sgnb-rt-scroll').getBoundingClientRect();
+  const rect = (e) => { if (!e) return null; const r = e.getBoundingClientRect();
+    return { top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width }; };
+  const inside = (r) => !!r && r.width > 0 && r.top >= box.top - 1 && r.bottom <= box.bottom + 1
+    && r.left >= box.left - 1 && r.left < box.right;
+  const pin = rect(rt.querySelector('.sgnb-rt-pin')), root = rect(rt.querySelector('.sgnb-rt-node.root'));
+  const newest = rect(rt.querySelector('.sgnb-rt-node.newest'));
+  const overlap = (a, b) => !!a && !!b && a.width > 0 && b.width > 0 && a.left < b.right && b.left < a.right
+    && a.top < b.bottom && b.top < a.bottom;
+  return { pinned: rt.dataset.rootPinned, layout: rt.dataset.layout, newest: rt.dataset.newest,
+           pinIn: inside(pin), pinText: rt.querySelector('.sgnb-rt-pin').innerText, rootIn: inside(root),
+           newestIn: inside(newest), newestUnderPin: overlap(pin, newest) };
+}"""
+
+
+def test_following_the_newest_keeps_the_root_in_view(chromium):
+    """"follow newest" down a tree taller and deeper than its box (the lab panel's 400 px): the newest node is
+    in view and the root's row is pinned over the box's top-left corner, never over the newest; a click on the
+    pin scrolls back to the root; a newer node is followed again; in columns too."""
+    nodes, texts = _deep_tree()
+    rows, summary = build_rows(nodes, lambda i, n: (texts.get(i, ""), []))
+    assert len(rows) == len(nodes) == 256
+    with open_browser(chromium) as browser:
+        page = Page(browser, "light", 400)
+        try:
+            page.draw(rows, summary, fit=True, follow=True)
+            at = page.page.evaluate(PINNED)
+            assert at["layout"] == "outline" and at["newest"] == str(len(nodes) - 1), at
+            assert at["newestIn"] and not at["rootIn"], at  # the newest is at the bottom, 250 rows down
+            assert at["pinned"] == "1" and at["pinIn"] and at["pinText"].startswith("root"), at
+            assert not at["newestUnderPin"], at
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-follow-root-pinned.png"))
+
+            page.page.locator(".sgnb-rt-pin").click()  # back to the root: the pin goes
+            page.page.wait_for_function("document.querySelector('.sgnb-rt').dataset.rootPinned === '0'")
+            assert page.page.evaluate(PINNED)["rootIn"]
+
+            # a newer node, under the first topic: followed up the tree, the root pinned again
+            nodes.append(Node(len(nodes), 4, 5, state="new"))
+            texts[len(nodes) - 1] = " Item 9."
+            rows, summary = build_rows(nodes, lambda i, n: (texts.get(i, ""), []))
+            page.draw(rows, summary)
+            at = page.page.evaluate(PINNED)
+            assert at["newest"] == str(len(nodes) - 1) and at["newestIn"] and not at["newestUnderPin"], at
+
+            # in columns (fit width off): 7 columns of 210 px in 400 px, followed sideways
+            page.page.locator(".sgnb-rt-ctl input[name=fit]").uncheck()
+            page.page.wait_for_selector(".sgnb-rt[data-layout='columns']")
+            page.page.wait_for_timeout(100)
+            at = page.page.evaluate(PINNED)
+            assert at["newestIn"] and not at["newestUnderPin"], at
+            assert not at["rootIn"] and at["pinned"] == "1" and at["pinIn"], at
+            page.page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-follow-root-pinned-columns.png"))
+            assert not page.errors, page.errors
+        finally:
+            page.close()
+
+
 @pytest.fixture(scope="module")
 def small_engine():
     """The default model with a KV pool of 320 tokens: a few prompts fill it, and the tree evicts."""
@@ -298,8 +353,6 @@ def test_heat_after_a_run_and_evicted_nodes_stay_visible(small_engine, chromium)
     again and again: after the run the evicted nodes are still drawn (red, dashed) in both views' rows, the
     idle tree's nodes are shaded by their hits (several heat levels, not uniform grey), and the summary
     counts the requests and evictions."""
-    from playwright.sync_api import sync_playwright
-
     from sgnb.kernel_ext import panel
     from sgnb.widgets import RadixTreeView
 
@@ -332,8 +385,8 @@ def test_heat_after_a_run_and_evicted_nodes_stay_visible(small_engine, chromium)
     assert [r for r in shown["nodes"] if r["state"] == "evicted"], "the panel shows them too"
     assert shown["summary"]["finished"] == before + 14
 
-    with sync_playwright() as p:
-        page = Page(p, chromium, "light", 1300)
+    with open_browser(chromium) as browser:
+        page = Page(browser, "light", 1300)
         try:
             page.draw(rows, summary, fit=True)
             page.page.wait_for_timeout(500)
@@ -369,11 +422,9 @@ def test_every_kind_of_node_is_readable_in_the_theme(chromium, theme):
     """Heat levels, new, hit, evicted, locked, groups, the root and role chips under JupyterLab's own theme
     CSS: every label has at least 4.5:1 contrast against its box, and under the dark theme the boxes are dark
     (the drawing takes its colours from the theme's variables)."""
-    from playwright.sync_api import sync_playwright
-
     rows, summary = _every_kind_of_row()
-    with sync_playwright() as p:
-        page = Page(p, chromium, theme, 900)
+    with open_browser(chromium) as browser:
+        page = Page(browser, theme, 900)
         try:
             page.draw(rows, summary, fit=False)
             nodes = _readability(page)
@@ -433,103 +484,55 @@ SUMMARIES = """() => {
 
 @pytest.fixture
 def dark_lab(tmp_path):
-    """JupyterLab 4 with the dark theme over tmp_path (no token); yields the notebook's URL."""
-    pytest.importorskip("jupyterlab")
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in LIVE_CELLS])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    """JupyterLab 4 with the dark theme over tmp_path/root (no token); yields the notebook's URL."""
     root = tmp_path / "root"
     root.mkdir()
-    nbformat.write(nb, root / "tree.ipynb")
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": "JupyterLab Dark"}))
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(url + "/api/status", timeout=1)
-                break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-                time.sleep(0.25)
+    write_notebook(root / "tree.ipynb", LIVE_CELLS)
+    with jupyter_server(tmp_path, root=root, settings={"themes": {"theme": "JupyterLab Dark"}}) as url:
         yield url + "/lab/tree/tree.ipynb?reset"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_live_tree_in_jupyterlab_dark_theme(chromium, dark_lab):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(dark_lab)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            assert page.evaluate("document.body.dataset.jpThemeLight") == "false"  # the dark theme is on
-            page.evaluate(SUMMARIES)
-            for _ in range(3):  # Run > Run All Cells (a first click can land before the panel takes commands)
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-                try:
-                    page.wait_for_selector(".sgnb-rt-sum", timeout=60_000)
-                    break
-                except Exception:
-                    page.keyboard.press("Escape")
-            page.wait_for_selector(".jp-OutputArea-output:has-text('work done')", timeout=180_000)
-            sums = page.evaluate("window.__sums")
-            # the view came after six requests had finished: it counted them from its first picture on
-            done = [int(m.group(1)) for t in sums for m in [re.search(r"(\d+) requests? done", t)] if m]
-            assert done and done[0] >= 6 and done == sorted(done), sums
-            page.wait_for_function("document.querySelector('.sgnb-rt').dataset.live === '0'", timeout=10_000)
-            tree = page.locator(".sgnb-rt").first
-            tree.scroll_into_view_if_needed()
-            state = page.evaluate("""() => {
-              const rt = document.querySelector('.sgnb-rt');
-              const scroll = rt.querySelector('.sgnb-rt-scroll').getBoundingClientRect();
-              const root = rt.querySelector('.sgnb-rt-node.root').getBoundingClientRect();
-              return { fit: rt.querySelector('input[name=fit]').checked, layout: rt.dataset.layout,
-                       rootIn: root.top >= scroll.top && root.left >= scroll.left && root.bottom <= scroll.bottom,
-                       evicted: rt.querySelectorAll('.sgnb-rt-node.evicted').length,
-                       heat: [...new Set([...rt.querySelectorAll('.sgnb-rt-node')].flatMap(g =>
-                         [...g.classList].filter(c => c.startsWith('heat-'))))],
-                       sum: rt.querySelector('.sgnb-rt-sum').textContent };
-            }""")
-            printed = page.locator(".jp-OutputArea-output:has-text('work done')").inner_text()
-            ARTIFACTS.mkdir(exist_ok=True)
-            tree.screenshot(path=str(ARTIFACTS / "tree-live-lab-dark.png"))
-            assert state["fit"] and state["rootIn"], state
-            assert state["evicted"] >= 1 and "evicted" in state["sum"], state
-            assert len(state["heat"]) >= 2, state
-            assert "20 requests done" in state["sum"] and "work done: 20 requests" in printed, (state, printed)
-            bg = _rgba(page.evaluate("getComputedStyle(document.querySelector('.sgnb-rt-scroll')).backgroundColor"))
-            assert _luminance(bg) < 0.05  # the theme's background, not a white box in a dark notebook
-            colours = page.evaluate(COLOURS)
-            poor = []
-            for n in colours:
-                box = _rgba(n["box"])
-                fill = _over((*box[:3], box[3] * float(n["boxOpacity"])), bg)
-                if _contrast(_over(_rgba(n["text"]), fill), fill) < 4.5 or _luminance(fill) > 0.2:
-                    poor.append((n["label"], n["cls"]))
-            assert not poor, poor
-        finally:
-            browser.close()
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(dark_lab)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        assert page.evaluate("document.body.dataset.jpThemeLight") == "false"  # the dark theme is on
+        page.evaluate(SUMMARIES)
+        run_all_cells(page, started=lambda: page.wait_for_selector(".sgnb-rt-sum", timeout=60_000))
+        page.wait_for_selector(".jp-OutputArea-output:has-text('work done')", timeout=180_000)
+        sums = page.evaluate("window.__sums")
+        # the view came after six requests had finished: it counted them from its first picture on
+        done = [int(m.group(1)) for t in sums for m in [re.search(r"(\d+) requests? done", t)] if m]
+        assert done and done[0] >= 6 and done == sorted(done), sums
+        page.wait_for_function("document.querySelector('.sgnb-rt').dataset.live === '0'", timeout=10_000)
+        tree = page.locator(".sgnb-rt").first
+        tree.scroll_into_view_if_needed()
+        state = page.evaluate("""() => {
+          const rt = document.querySelector('.sgnb-rt');
+          const scroll = rt.querySelector('.sgnb-rt-scroll').getBoundingClientRect();
+          const root = rt.querySelector('.sgnb-rt-node.root').getBoundingClientRect();
+          return { fit: rt.querySelector('input[name=fit]').checked, layout: rt.dataset.layout,
+                   rootIn: root.top >= scroll.top && root.left >= scroll.left && root.bottom <= scroll.bottom,
+                   evicted: rt.querySelectorAll('.sgnb-rt-node.evicted').length,
+                   heat: [...new Set([...rt.querySelectorAll('.sgnb-rt-node')].flatMap(g =>
+                     [...g.classList].filter(c => c.startsWith('heat-'))))],
+                   sum: rt.querySelector('.sgnb-rt-sum').textContent };
+        }""")
+        printed = page.locator(".jp-OutputArea-output:has-text('work done')").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        tree.screenshot(path=str(ARTIFACTS / "tree-live-lab-dark.png"))
+        assert state["fit"] and state["rootIn"], state
+        assert state["evicted"] >= 1 and "evicted" in state["sum"], state
+        assert len(state["heat"]) >= 2, state
+        assert "20 requests done" in state["sum"] and "work done: 20 requests" in printed, (state, printed)
+        bg = _rgba(page.evaluate("getComputedStyle(document.querySelector('.sgnb-rt-scroll')).backgroundColor"))
+        assert _luminance(bg) < 0.05  # the theme's background, not a white box in a dark notebook
+        colours = page.evaluate(COLOURS)
+        poor = []
+        for n in colours:
+            box = _rgba(n["box"])
+            fill = _over((*box[:3], box[3] * float(n["boxOpacity"])), bg)
+            if _contrast(_over(_rgba(n["text"]), fill), fill) < 4.5 or _luminance(fill) > 0.2:
+                poor.append((n["label"], n["cls"]))
+        assert not poor, poor

@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import json
 import mimetypes
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tarfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ORIGIN = "http://sgnb.test/"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-quic"]
+from browsers import ARTIFACTS, ORIGIN, ROOT, jupyter_server, open_browser, run_all_cells, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -59,19 +47,6 @@ time.sleep(0.3)  # the end event follows the last node
 view.flush(); tree.flush(); stats.poll(); tree.detach(); stats.detach()
 print(json.dumps({"more": state["more"], "best": state["best"], "nodes": tree.summary["nodes"]}))""",
 ]
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    if not Path(CHROMIUM).exists():
-        apt = shutil.which("apt-get")
-        if apt is None:
-            pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run([apt, "update", "-q"], check=True, env=env, capture_output=True)
-        done = subprocess.run([apt, "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, f"apt-get install chromium failed:\n{done.stderr[-2000:]}"
-    return CHROMIUM
 
 
 @pytest.fixture(scope="session")
@@ -158,57 +133,52 @@ def offline(html: str, widget_packages: dict[str, Path], refused: list[str]):
 
 
 def test_saved_widgets_render_with_no_kernel(chromium, widget_packages, exported_notebook):
-    sync_api = pytest.importorskip("playwright.sync_api")
     html, printed = exported_notebook
     refused: list[str] = []
     serve = offline(html, widget_packages, refused)
 
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route("**/*", serve)
-            page.goto(ORIGIN + "index.html")
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/*", serve)
+        page.goto(ORIGIN + "index.html")
 
-            # the program view: the generated span under its variable, the select with both choices
-            page.wait_for_selector(".sgnb-pv-gen[data-var='more']", timeout=60_000)
-            assert page.locator(".sgnb-pv-gen[data-var='more']").inner_text() == printed["more"]
-            assert page.locator(".sgnb-pv-var").first.inner_text() == "more"
-            choices = page.locator(".sgnb-pv-choice")
-            assert choices.count() == 2
-            chosen = page.locator(".sgnb-pv-choice.chosen").inner_text()
-            assert json.dumps(printed["best"]) in chosen and "%" in chosen
-            assert page.locator(".sgnb-pv-status.done").count() == 1
-            assert "A list of colors" in page.locator(".sgnb-pv-body").first.inner_text()
+        # the program view: the generated span under its variable, the select with both choices
+        page.wait_for_selector(".sgnb-pv-gen[data-var='more']", timeout=60_000)
+        assert page.locator(".sgnb-pv-gen[data-var='more']").inner_text() == printed["more"]
+        assert page.locator(".sgnb-pv-var").first.inner_text() == "more"
+        choices = page.locator(".sgnb-pv-choice")
+        assert choices.count() == 2
+        chosen = page.locator(".sgnb-pv-choice.chosen").inner_text()
+        assert json.dumps(printed["best"]) in chosen and "%" in chosen
+        assert page.locator(".sgnb-pv-status.done").count() == 1
+        assert "A list of colors" in page.locator(".sgnb-pv-body").first.inner_text()
 
-            # the radix tree: every node drawn (few here), labelled; a click shows the node in the details box
-            page.wait_for_selector(".sgnb-rt-node", timeout=30_000)
-            nodes = page.locator(".sgnb-rt-node")
-            assert nodes.count() == printed["nodes"] >= 3
-            labels = page.locator(".sgnb-rt-node text").all_text_contents()
-            assert any("A list of colors" in t for t in labels) and "root" in labels
-            assert "tokens cached" in page.locator(".sgnb-rt-sum").inner_text()
-            label = re.compile(r"^\s*" + re.escape(printed["best"].strip()) + r"\s*$")
-            leaf = page.locator(".sgnb-rt-node").filter(has=page.locator("text", has_text=label))
-            leaf.click()  # no kernel: the drawing selects on its own and shows the node with the text above it
-            details = page.locator(".sgnb-rt-details")
-            details.wait_for(state="visible", timeout=5_000)
-            assert "1 tok" in details.inner_text() and "A list of colors" in details.inner_text()
-            assert page.locator(".sgnb-rt-node.selected").count() == 1
+        # the radix tree: every node drawn (few here), labelled; a click shows the node in the details box
+        page.wait_for_selector(".sgnb-rt-node", timeout=30_000)
+        nodes = page.locator(".sgnb-rt-node")
+        assert nodes.count() == printed["nodes"] >= 3
+        labels = page.locator(".sgnb-rt-node text").all_text_contents()
+        assert any("A list of colors" in t for t in labels) and "root" in labels
+        assert "tokens cached" in page.locator(".sgnb-rt-sum").inner_text()
+        label = re.compile(r"^\s*" + re.escape(printed["best"].strip()) + r"\s*$")
+        leaf = page.locator(".sgnb-rt-node").filter(has=page.locator("text", has_text=label))
+        leaf.click()  # no kernel: the drawing selects on its own and shows the node with the text above it
+        details = page.locator(".sgnb-rt-details")
+        details.wait_for(state="visible", timeout=5_000)
+        assert "1 tok" in details.inner_text() and "A list of colors" in details.inner_text()
+        assert page.locator(".sgnb-rt-node.selected").count() == 1
 
-            # the stats: four tiles with their sparklines
-            assert page.locator(".sgnb-st-tile").count() == 4
-            assert page.locator(".sgnb-st svg polyline").count() >= 4
+        # the stats: four tiles with their sparklines
+        assert page.locator(".sgnb-st-tile").count() == 4
+        assert page.locator(".sgnb-st svg polyline").count() >= 4
 
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "widgets-page.png"), full_page=True)
-            page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view.png"))
-            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree.png"))
-            page.locator(".sgnb-st").first.screenshot(path=str(ARTIFACTS / "widgets-engine-stats.png"))
-        finally:
-            browser.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "widgets-page.png"), full_page=True)
+        page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view.png"))
+        page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree.png"))
+        page.locator(".sgnb-st").first.screenshot(path=str(ARTIFACTS / "widgets-engine-stats.png"))
     ours = [e for e in errors if "sgnb" in e or "anywidget" in e.lower()]
     assert not ours, ours
     assert not refused, refused
@@ -218,7 +188,6 @@ def test_saved_image_notebook_shows_thumbnails_strips_and_chips(chromium, widget
     """notebooks/image_qa.ipynb executed and exported to HTML, opened with no kernel: the program views show the
     images and the video's frame strip where the programs added them, the tree's image nodes their chips (SVG
     images of data: URLs), and a click on one shows its larger thumbnail in the details box."""
-    sync_api = pytest.importorskip("playwright.sync_api")
     nbconvert = pytest.importorskip("nbconvert")
     from sgnb.notebook import execute_notebook
 
@@ -226,47 +195,43 @@ def test_saved_image_notebook_shows_thumbnails_strips_and_chips(chromium, widget
     html, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
     refused: list[str] = []
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route("**/*", offline(html, widget_packages, refused))
-            page.goto(ORIGIN + "index.html")
-            page.wait_for_selector(".sgnb-pv-strip", timeout=60_000)
-            page.wait_for_selector(".sgnb-rt-node.media", timeout=30_000)
-            drawn = page.evaluate("""() => ({
-              images: [...document.querySelectorAll('.sgnb-pv-img')].map(i => [i.naturalWidth, i.src.slice(0, 23)]),
-              frames: [...document.querySelectorAll('.sgnb-pv-strip .sgnb-pv-frame')].map(i => i.naturalWidth),
-              chips: [...document.querySelectorAll('.sgnb-rt-node.media .sgnb-rt-chip image')]
-                .map(i => i.getAttribute('href').slice(0, 23)),
-              labels: [...document.querySelectorAll('.sgnb-rt-node.media text')].map(t => t.textContent),
-            })""")
-            assert len(drawn["images"]) == 2, drawn  # the two pictures of the comparison
-            assert all(w > 0 and src == "data:image/jpeg;base64," for w, src in drawn["images"]), drawn
-            assert len(drawn["frames"]) >= 4 and all(w > 0 for w in drawn["frames"]), drawn
-            # three nodes hold media: the scene (shared by the questions), the night picture, the video
-            assert len(drawn["chips"]) == 3 and set(drawn["chips"]) == {"data:image/jpeg;base64,"}, drawn
-            assert any("[image]" in t for t in drawn["labels"]) and any("[video]" in t for t in drawn["labels"])
-            chip_node = page.locator(".sgnb-rt-node.media").first
-            chip_node.click()
-            page.wait_for_selector(".sgnb-rt-details .sgnb-rt-media img", timeout=5_000)
-            assert "tok" in page.locator(".sgnb-rt-details figcaption").first.inner_text()
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images.png"))
-            # the outline ("fit width" in a narrow box, as in the lab panel): the label starts after the chip
-            page.set_viewport_size({"width": 640, "height": 1000})
-            page.locator(".sgnb-rt-ctl input[name=fit]").first.check()
-            page.wait_for_selector(".sgnb-rt[data-layout='outline']", timeout=5_000)
-            gap = page.evaluate("""() => [...document.querySelectorAll('.sgnb-rt-node.media')].map(g => {
-              const chip = g.querySelector('.sgnb-rt-chip').getBoundingClientRect();
-              return g.querySelector('text').getBoundingClientRect().left - chip.right; })""")
-            assert gap and all(0 <= x < 12 for x in gap), gap
-            page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images-outline.png"))
-            page.locator(".sgnb-pv").nth(1).screenshot(path=str(ARTIFACTS / "widgets-program-view-video.png"))
-            page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view-images.png"))
-        finally:
-            browser.close()
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/*", offline(html, widget_packages, refused))
+        page.goto(ORIGIN + "index.html")
+        page.wait_for_selector(".sgnb-pv-strip", timeout=60_000)
+        page.wait_for_selector(".sgnb-rt-node.media", timeout=30_000)
+        drawn = page.evaluate("""() => ({
+          images: [...document.querySelectorAll('.sgnb-pv-img')].map(i => [i.naturalWidth, i.src.slice(0, 23)]),
+          frames: [...document.querySelectorAll('.sgnb-pv-strip .sgnb-pv-frame')].map(i => i.naturalWidth),
+          chips: [...document.querySelectorAll('.sgnb-rt-node.media .sgnb-rt-chip image')]
+            .map(i => i.getAttribute('href').slice(0, 23)),
+          labels: [...document.querySelectorAll('.sgnb-rt-node.media text')].map(t => t.textContent),
+        })""")
+        assert len(drawn["images"]) == 2, drawn  # the two pictures of the comparison
+        assert all(w > 0 and src == "data:image/jpeg;base64," for w, src in drawn["images"]), drawn
+        assert len(drawn["frames"]) >= 4 and all(w > 0 for w in drawn["frames"]), drawn
+        # three nodes hold media: the scene (shared by the questions), the night picture, the video
+        assert len(drawn["chips"]) == 3 and set(drawn["chips"]) == {"data:image/jpeg;base64,"}, drawn
+        assert any("[image]" in t for t in drawn["labels"]) and any("[video]" in t for t in drawn["labels"])
+        chip_node = page.locator(".sgnb-rt-node.media").first
+        chip_node.click()
+        page.wait_for_selector(".sgnb-rt-details .sgnb-rt-media img", timeout=5_000)
+        assert "tok" in page.locator(".sgnb-rt-details figcaption").first.inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images.png"))
+        # the outline ("fit width" in a narrow box, as in the lab panel): the label starts after the chip
+        page.set_viewport_size({"width": 640, "height": 1000})
+        page.locator(".sgnb-rt-ctl input[name=fit]").first.check()
+        page.wait_for_selector(".sgnb-rt[data-layout='outline']", timeout=5_000)
+        gap = page.evaluate("""() => [...document.querySelectorAll('.sgnb-rt-node.media')].map(g => {
+          const chip = g.querySelector('.sgnb-rt-chip').getBoundingClientRect();
+          return g.querySelector('text').getBoundingClientRect().left - chip.right; })""")
+        assert gap and all(0 <= x < 12 for x in gap), gap
+        page.locator(".sgnb-rt").first.screenshot(path=str(ARTIFACTS / "widgets-radix-tree-images-outline.png"))
+        page.locator(".sgnb-pv").nth(1).screenshot(path=str(ARTIFACTS / "widgets-program-view-video.png"))
+        page.locator(".sgnb-pv").first.screenshot(path=str(ARTIFACTS / "widgets-program-view-images.png"))
     ours = [e for e in errors if "sgnb" in e or "anywidget" in e.lower()]
     assert not ours, ours
     assert not refused, refused
@@ -302,39 +267,11 @@ APPS = {"lab": ("jupyterlab", "/lab/tree/live.ipynb?reset"), "notebook7": ("note
 
 @pytest.fixture(params=sorted(APPS))
 def jupyter_lab(request, tmp_path):
-    """A JupyterLab 4 or Notebook 7 server over tmp_path (no token); yields the notebook's URL; stopped with
-    SIGTERM (its kernels too)."""
+    """A JupyterLab 4 or Notebook 7 server over tmp_path (no token); yields the notebook's URL."""
     module, path = APPS[request.param]
-    pytest.importorskip(module)
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in LIVE_NOTEBOOK])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "live.ipynb")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", module, "--allow-root", "--no-browser", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.root_dir={tmp_path}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(url + "/api/status", timeout=1)
-                break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-                time.sleep(0.25)
+    write_notebook(tmp_path / "live.ipynb", LIVE_NOTEBOOK)
+    with jupyter_server(tmp_path, module) as url:
         yield url + path
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 RECORD = """() => {
@@ -349,47 +286,25 @@ RECORD = """() => {
 }"""
 
 
-STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]/.test(e.textContent))"
-
-
-def _run_all_cells(page) -> None:
-    """Run > Run All Cells, until a cell shows it ran or runs ([*] or [1]): on a loaded machine the first click
-    can land before the notebook panel takes commands."""
-    for _ in range(3):
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-        try:
-            page.wait_for_function(STARTED, timeout=20_000)
-            return
-        except Exception:
-            page.keyboard.press("Escape")
-    raise AssertionError("Run All Cells did not start any cell")
-
-
 def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(jupyter_lab)
+        app = "notebook7" if "/notebooks/" in jupyter_lab else "lab"
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.evaluate(RECORD)
+        run_all_cells(page)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(jupyter_lab)
-            app = "notebook7" if "/notebooks/" in jupyter_lab else "lab"
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.evaluate(RECORD)
-            _run_all_cells(page)
-            try:
-                page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
-            except Exception:
-                ARTIFACTS.mkdir(exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
-                raise
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            seen = page.evaluate("window.sgnbSeen")
-            final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
+            page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
+        except Exception:
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}.png"), full_page=True)
-        finally:
-            browser.close()
+            page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
+            raise
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        seen = page.evaluate("window.sgnbSeen")
+        final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}.png"), full_page=True)
     lengths = sorted(set(seen["lengths"]))
     assert len(lengths) >= 5 and lengths[-1] >= len(final.strip()), f"the span grew token by token: {lengths}"
     counts = sorted(set(seen["nodes"]))

@@ -1,0 +1,164 @@
+"""Real browsers for the tests (a helper module, not tests; its fixtures come in through `pytest_plugins` in
+tests/conftest.py): headless Debian chromium driven by Playwright, and JupyterLab 4 / Notebook 7 servers for it to
+open. The browser tests (tests/widgets/test_*_browser.py, tests/labextension/test_panel.py,
+tests/notebooks/test_offline_export.py) share what is here; what each page shows stays in its own file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"  # screenshots and pages, for a person to look at
+CHROMIUM = "/usr/bin/chromium"
+ORIGIN = "http://sgnb.test/"  # a page served by a Playwright route: nothing else answers there
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's chromium (installed with apt-get when missing; skipped where that cannot be), with
+    Playwright importable."""
+    pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        apt = shutil.which("apt-get")
+        if apt is None:
+            pytest.skip("no /usr/bin/chromium and no apt-get to install Debian's chromium")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run([apt, "update", "-q"], check=True, env=env, capture_output=True, timeout=300)
+        done = subprocess.run([apt, "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, f"apt-get install chromium failed:\n{done.stderr[-2000:]}"
+    return CHROMIUM
+
+
+@contextlib.contextmanager
+def open_browser(chromium: str = CHROMIUM) -> Iterator[Any]:
+    """A headless chromium (Playwright's Browser), closed on exit. One Playwright per thread at a time: a
+    module uses this in its tests or the `browser` fixture, not both."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """One headless chromium for the tests of a module."""
+    with open_browser(chromium) as b:
+        yield b
+
+
+def shoot(locator: Any, name: str, **options: Any) -> Path:
+    """A screenshot of a page or locator as test-artifacts/NAME."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    locator.screenshot(path=str(path), **options)
+    return path
+
+
+# ---- Jupyter servers -------------------------------------------------------------------------------------------
+def write_notebook(path: Path, cells: Sequence[str]) -> Path:
+    """A notebook of code cells for the python3 kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, str(path))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | None = None,
+                   settings: Mapping[str, Any] | None = None, args: Sequence[str] = (),
+                   timeout: float = 60.0) -> Iterator[str]:
+    """`python -m jupyterlab` (or `notebook`) over `root` (default `tmp_path`) on a free port with no token;
+    yields its URL once it answers; stopped with SIGTERM (its kernels too). Its log is tmp_path/server.log.
+
+    With `settings` ({file under @jupyterlab/apputils-extension: JSON}, e.g. {"themes": {"theme": "JupyterLab
+    Dark"}}) it runs with config, settings and workspaces of its own under tmp_path, no "fetch news?" toast."""
+    pytest.importorskip(module)
+    root = tmp_path if root is None else root
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if settings is not None:
+        folder = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {"notification": {"fetchNews": "false", "checkForUpdates": False}, **settings}
+        for name, value in files.items():
+            (folder / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
+        env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+                   JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    url = f"http://127.0.0.1:{_free_port()}"
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", module, "--allow-root", "--no-browser", f"--port={url.rsplit(':', 1)[1]}",
+             "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.root_dir={root}", *args],
+            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert server.poll() is None, log_path.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, f"{module} did not start in {timeout:.0f} s"
+                time.sleep(0.25)
+            yield url
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+# a cell ran or runs: its prompt reads [*] or [n]
+STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]/.test(e.textContent))"
+
+
+def run_all_cells(page: Any, started: Callable[[], Any] | None = None, tries: int = 3) -> None:
+    """Run > Run All Cells, until `started()` returns (default: a cell shows it ran or runs, within 20 s): on a
+    loaded machine the first click can land before the notebook panel takes commands."""
+    wait = started or (lambda: page.wait_for_function(STARTED, timeout=20_000))
+    for _ in range(tries):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            wait()
+            return
+        except Exception:
+            page.keyboard.press("Escape")
+    raise AssertionError("Run All Cells did not start any cell")
