@@ -44,9 +44,11 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) llama-cpp-python==0.3.36 guidance==0.3.1
 	touch $(BENCH_STAMP)
 
-# the suite: every workload on sgnb, its ablations and the peers; prints a table, writes benchmarks/results/<date>-cpu.json
+# the suite: every workload on sgnb, its ablations and the peers; prints a table, writes benchmarks/results/<date>-cpu.json;
+# then single-stream decode vs llama.cpp and HF (benchmarks/results/<date>-cpu-decode.json)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_suite.py --scale cpu
+	$(BIN)/python benchmarks/bench_cpu_decode.py
 
 # on a GPU machine: the decode step vs gpt-fast (GPT_FAST_DIR=a checkout of pytorch-labs/gpt-fast) and HF, prefill vs
 # the matmul ceiling, and the suite at GPU scale with its ablations: benchmarks/results/<date>-gpu.json
