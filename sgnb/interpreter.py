@@ -61,9 +61,12 @@ from sgnb.user_code import (
 log = logging.getLogger("sgnb")
 _ids = itertools.count()
 
-# typed gens are constrained by a regex (the grammar backend enforces it)
-DTYPE_REGEX = {int: r"[-+]?[0-9]+", float: r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?", bool: r"(True|False)",
-               str: r"\"[\w\d\s]*\""}  # as SGLang: words, digits and spaces in quotes
+# typed gens are constrained by a regex (the grammar backend enforces it). Numbers as JSON writes them (no leading
+# zeros or "+", a digit before the point), so a typed gen inside a JSON template stays valid JSON; SGLang's own
+# pattern allowed "0014" (a 135M model wrote it in SGLang's test_decode_json). Strings as SGLang's: words,
+# digits and spaces in quotes.
+DTYPE_REGEX = {int: r"-?(0|[1-9][0-9]*)", float: r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+               bool: r"(True|False)", str: r"\"[\w\d\s]*\""}
 
 
 class ProgramError(RuntimeError):

@@ -167,10 +167,11 @@ class TorchAttention(AttentionBackend):
         from sgnb.kernels import native
 
         B, H, D = q.shape
-        q = q.contiguous()
+        dtype = q.dtype
+        q = q.float().contiguous()  # a no-op for the float32 model (a bf16 one on float32 KV: converted)
         out, lse = native.paged_decode(q, k_buf, v_buf, req_to_token, plan.rows, plan.starts, plan.lens, scale)
         if not plan.cascades:
-            return out
+            return out.to(dtype)
         Hkv = k_buf.shape[1]
         for a, n, prefix, shared in plan.cascades:
             if isinstance(prefix, int):
@@ -182,4 +183,4 @@ class TorchAttention(AttentionBackend):
             o1 = o1.permute(2, 0, 1, 3).reshape(n, H, D)
             l1 = l1.permute(2, 0, 1).reshape(n, H)
             out[a: a + n] = merge_partials(o1, l1, out[a: a + n], lse[a: a + n])
-        return out
+        return out.to(dtype)
