@@ -61,12 +61,12 @@ from sgnb.user_code import (
 log = logging.getLogger("sgnb")
 _ids = itertools.count()
 
-# typed gens are constrained by a regex (the grammar backend enforces it). Numbers as JSON writes them (no leading
-# zeros or "+", a digit before the point), so a typed gen inside a JSON template stays valid JSON; SGLang's own
-# pattern allowed "0014" (a 135M model wrote it in SGLang's test_decode_json). Strings as SGLang's: words,
-# digits and spaces in quotes.
+# typed gens are constrained by a regex (the grammar backend enforces it), written so that a typed gen inside a
+# JSON template stays valid JSON: numbers as JSON writes them (no leading zeros or "+", a digit before the point;
+# SGLang's pattern allowed "0014", which a 135M model wrote in SGLang's test_decode_json), strings of words,
+# digits and spaces in quotes (SGLang's \s also admits newlines and tabs, which a JSON string may not hold raw).
 DTYPE_REGEX = {int: r"-?(0|[1-9][0-9]*)", float: r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?",
-               bool: r"(True|False)", str: r"\"[\w\d\s]*\""}
+               bool: r"(True|False)", str: r"\"[\w\d ]*\""}
 
 
 class ProgramError(RuntimeError):

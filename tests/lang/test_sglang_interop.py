@@ -295,6 +295,10 @@ NO_ANSWER_CHECK = ("test_select", "test_expert_answer", "test_parallel_encoding"
 # which SGLang's server sends per-chunk logprobs): its per-chunk count check fails now and then, on SGLang's server
 # too. sgnb's frontend passes it on both paths; test_incremental_streaming_output_as_sglangs_flag checks the server.
 RACY_ON_SGLANG = ("test_stream_logprobs",)
+# SGLang's frontend constrains gen_string with its REGEX_STR, "[\w\d\s]*" in quotes: \s admits a newline or tab,
+# which a JSON string may not hold raw, so test_decode_json's json.loads fails whenever the model writes one (our
+# frontend's typed strings take spaces only; its numbers have no leading zeros)
+JSON_UNSAFE_ON_SGLANG = ("test_decode_json",)
 # the ones that fit the default run (under ~8 s each); SGNB_SGLANG_PROGRAMS=all runs every one (~6 min here)
 QUICK = ("test_few_shot_qa", "test_mt_bench", "test_select", "test_decode_json", "test_expert_answer",
          "test_tool_use", "test_react", "test_parallel_encoding", "test_stream_logprobs", "test_regex")
@@ -352,6 +356,10 @@ def test_sglangs_test_program(name, path, sglang_programs, request):
     frontend.set_default_backend(backend)
     try:
         getattr(module, name)(**({"check_answer": False} if name in NO_ANSWER_CHECK else {}))
+    except ValueError as e:  # json.JSONDecodeError
+        if path == "sglang-endpoint" and name in JSON_UNSAFE_ON_SGLANG and type(e).__name__ == "JSONDecodeError":
+            pytest.xfail(f"SGLang's REGEX_STR let the model write what JSON rejects: {e}")
+        raise
     except AssertionError as e:
         if name in KNOWLEDGE:
             pytest.xfail(f"a knowledge miss on a 135M model: {str(e)[:120]}")
