@@ -755,10 +755,13 @@ def test_tree_view_stays_small_and_fast_at_5000_nodes():
     took = time.perf_counter() - t0
     assert view.summary["nodes"] == n
     assert len(view.nodes) <= 2 * 300 and sum(r.get("count", 0) for r in view.nodes) + view.summary["shown"] == n
-    assert took < 1.5, f"a flush of {n} nodes took {took:.2f}s"
+    # guards against a blow-up (a flush or layout that walks the whole tree per node), not speed targets: those
+    # live in the widget-overhead benchmark (a flush took ~0.3-0.5 s here, and twice that on a busy machine)
+    assert took < 10, f"a flush of {n} nodes took {took:.2f}s"
     t0 = time.perf_counter()
     view.layout()
-    assert time.perf_counter() - t0 < 0.5
+    took = time.perf_counter() - t0
+    assert took < 5, f"a layout of a {n}-node tree took {took:.2f}s"
     view.detach()
 
 
