@@ -169,6 +169,12 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(N, K), d
 
 
+def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The float32 weight (N, K) that quantize_q8's (q, d) stand for."""
+    N, K = q.shape
+    return (q.float().view(N, K // BLOCK, BLOCK) * d[..., None]).view(N, K)
+
+
 def paged_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                  rows: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, scale: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,8 +84,7 @@ class QuantLinear(nn.Module):
             from sgnb.kernels import native
 
             self._q8, self._d8 = native.quantize_q8(w)
-            self.weight_bf16 = (self._q8.float().view(self.out_features, -1, native.BLOCK)
-                                * self._d8[..., None]).view_as(w).to(torch.bfloat16).contiguous()
+            self.weight_bf16 = native.dequantize_q8(self._q8, self._d8).to(torch.bfloat16).contiguous()
             self._gemv = native.q8_gemv
             return
         if mode == "int8":
@@ -136,8 +135,7 @@ def q8_is_lossless(w: torch.Tensor) -> bool:
         return False
     from sgnb.kernels import native
 
-    q, d = native.quantize_q8(w)
-    back = (q.float().view(w.shape[0], -1, native.BLOCK) * d[..., None]).view(w.shape)
+    back = native.dequantize_q8(*native.quantize_q8(w))
     return bool((back - w.float()).norm() <= LOSSLESS_INT4 * w.float().norm())
 
 

@@ -27,7 +27,6 @@ from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.kernels.attention import attend_with_lse, merge_partials, paged_attention_ref
 
 MIN_VIEW_RUN = 64  # a contiguous head run shorter than this is gathered with the rest
-MIN_CASCADE = 32  # shared prefix tokens from which a decode group reads its prefix once (as the scheduler's)
 
 
 # an extend takes the kernel, one query row per token, when each of its rows reads at most this many keys of
@@ -44,10 +43,11 @@ def _groups(fb: ForwardBatch) -> list[tuple[int, int, int]]:
 
 
 def _cascade_shared(fb: ForwardBatch) -> list[int]:
-    """Per request, the shared prefix its group reads once (0: none, or too short to be worth it)."""
+    """Per request, the shared prefix its group reads once (0: none). The scheduler shares only prefixes long
+    enough to be worth it (scheduler.MIN_SHARED_PREFIX), as the reference's cascade takes them."""
     shared_of = [0] * fb.batch_size
     for a, n, shared in _groups(fb):
-        if n > 1 and shared >= MIN_CASCADE:
+        if n > 1 and shared:
             shared_of[a: a + n] = [shared] * n
     return shared_of
 
