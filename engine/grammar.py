@@ -285,12 +285,31 @@ class TokenVocab:
         order = sorted((b, i) for i, b in enumerate(token_bytes) if b)
         self._sorted = [b for b, _ in order]
         self._ids = np.array([i for _, i in order], dtype=np.int64)
+        self._last: np.ndarray | None = None
+        self._single: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.token_bytes)
 
     def join(self, ids: list[int]) -> bytes:
         return b"".join(self.token_bytes[i] for i in ids)
+
+    @property
+    def last_bytes(self) -> np.ndarray:
+        """Each id's last byte (-1 for b''), built on first use (with single_byte_ids)."""
+        if self._last is None:
+            self._last = np.array([b[-1] if b else -1 for b in self.token_bytes], dtype=np.int16)
+            self._single = np.full(256, -1, dtype=np.int64)
+            for i, b in enumerate(self.token_bytes):
+                if len(b) == 1 and self._single[b[0]] < 0:
+                    self._single[b[0]] = i
+        return self._last
+
+    @property
+    def single_byte_ids(self) -> np.ndarray:
+        """For each byte value the id whose bytes are that byte alone (-1 where none is)."""
+        _ = self.last_bytes
+        return self._single
 
     def extenders(self, token_id: int) -> np.ndarray:
         """Ids whose bytes start with token_id's bytes and are longer."""
@@ -364,6 +383,42 @@ class GrammarMatcher:
             return False
         allowed = np.flatnonzero(np.unpackbits(self._next_words().view(np.uint8), bitorder="little"))
         return set(allowed.tolist()) <= set(self._m.stop_token_ids)
+
+    def close_in_one(self, bitmask: torch.Tensor, row: int) -> bool:
+        """For the last token of a request's budget: narrow bitmask[row] (filled for this state) to the tokens
+        after which the text is a complete match, so that the output ends as a whole value rather than cut off
+        (a string gets its closing quote). Returns False, leaving the row as it is, when the text is complete
+        already or no single token completes it.
+
+        Which tokens complete it is found by trying them: first every allowed single-byte token, which gives the
+        bytes that end a match from here; then the allowed tokens that end in one of those bytes (`"`, ` "`,
+        `_"` inside a string). A closing token that ends in another byte is missed, never a wrong one taken."""
+        if self.is_completed() or self.is_terminated():
+            return False
+        words = bitmask[row].numpy()
+        ids = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:len(self.vocab)])
+        if not len(ids):
+            return False
+        singles = self.vocab.single_byte_ids
+        enders = [b for b in np.flatnonzero(singles >= 0).tolist() if self._completes(int(singles[b]))]
+        if not enders:
+            return False
+        candidates = ids[np.isin(self.vocab.last_bytes[ids], enders)]
+        hits = [t for t in candidates.tolist() if self._completes(t)]
+        if not hits:
+            return False
+        words[:] = 0
+        hit = np.array(hits, dtype=np.int64)
+        np.bitwise_or.at(words.view(np.uint32), hit >> 5, (np.uint32(1) << (hit & 31).astype(np.uint32)))
+        return True
+
+    def _completes(self, token_id: int) -> bool:
+        """Accepting token_id would make the text a complete match (the state is left as it was)."""
+        if not self._m.accept_token(token_id):
+            return False
+        done = self._m.is_completed()
+        self._m.rollback(1)
+        return done
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the grammar allows next (bool array)."""

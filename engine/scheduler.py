@@ -663,6 +663,9 @@ class Scheduler:
         backend = self.grammar()
         bitmask = backend.allocate_bitmask(len(reqs))
         backend.fill_bitmasks([reqs[i].grammar for i in rows], bitmask, rows)
+        for i in rows:  # a budget's last token closes the value when one token can (no string cut off mid-way)
+            if reqs[i].remaining_new_tokens() == 1:
+                reqs[i].grammar.close_in_one(bitmask, i)
         # filled on the host; the logits may be on a GPU
         return lambda logits: apply_bitmask(logits, bitmask.to(logits.device, non_blocking=True), rows)
 

@@ -483,3 +483,42 @@ def test_jump_forward_failure_leaves_the_matcher_unchanged(backend, tok):
     out = _accept(m, [tok.token_to_id("a")])
     assert G.jump_forward(m, out, tok) is None
     assert m.tokens == out and m.find_jump_forward_string() == "<|im_end|>b"
+
+
+@pytest.mark.parametrize("pattern, prefix, closers", [
+    (r'"[\w\d ]*"', '"UTC21', ['"', ' "', '_"']),
+    (r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", "3.", list("0123456789")),
+    (r'\{"a": [0-9]+\}', '{"a": 12', ["}"]),
+])
+def test_close_in_one_keeps_exactly_the_tokens_that_complete_the_match(backend, tok, pattern, prefix, closers):
+    m = backend.matcher(backend.compile("regex", pattern))
+    _accept(m, tok.encode(prefix))
+    bitmask = backend.allocate_bitmask(2)
+    m.fill_bitmask(bitmask, 1)
+    before = allowed_mask(bitmask, 1, backend.vocab_size)
+    assert m.close_in_one(bitmask, 1)
+    kept = np.flatnonzero(allowed_mask(bitmask, 1, backend.vocab_size))
+    assert set(tok.token_text(int(t)) for t in kept) >= set(closers)
+    completing = set()
+    for t in np.flatnonzero(before).tolist():  # an independent check of every token the row allowed
+        assert m.accept_token(t)
+        if m.is_completed():
+            completing.add(t)
+        m.rollback(1)
+    assert set(kept.tolist()) == completing  # none wrongly kept; none missed on these grammars
+    assert m.tokens == tok.encode(prefix)  # the probing left the state as it was
+    assert (allowed_mask(bitmask, 0, backend.vocab_size)).all()  # other rows untouched
+
+
+def test_close_in_one_leaves_a_complete_or_unclosable_text_alone(backend, tok):
+    m = backend.matcher(backend.compile("regex", r"[0-9]+"))
+    _accept(m, tok.encode("12"))
+    bitmask = backend.allocate_bitmask(1)
+    m.fill_bitmask(bitmask, 0)
+    row = bitmask.clone()
+    assert not m.close_in_one(bitmask, 0) and torch.equal(bitmask, row)  # complete already
+    m = backend.matcher(backend.compile("regex", r"ab[0-9]{3}"))
+    _accept(m, tok.encode("ab"))
+    m.fill_bitmask(bitmask, 0)
+    row = bitmask.clone()
+    assert not m.close_in_one(bitmask, 0) and torch.equal(bitmask, row)  # three digits left: no one token does

@@ -178,3 +178,15 @@ def test_ebnf_grammar(engine):
     out = engine.generate("Arithmetic:", _sp(ebnf=grammar, seed=5, max_new_tokens=40))
     assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
     assert re.fullmatch(r"[0-9+()]+", out["text"])
+
+
+@pytest.mark.parametrize("regex, budget", [(r'"[a-z ]*"', 3), (r'"[\w\d ]*"', 6), (r'\{"n": [0-9]+\}', 7)])
+def test_the_budgets_last_token_closes_the_value(engine, regex, budget):
+    """A constrained gen that runs into max_new_tokens one token short of a complete match closes it with that
+    token (a string gets its quote) instead of stopping mid-value; ignore_eos keeps every sample going to the
+    budget, so each one is cut there and must still be a whole match."""
+    outs = engine.generate([PROMPT] * 4, [_sp(regex=regex, seed=s, max_new_tokens=budget, ignore_eos=True)
+                                          for s in range(4)])
+    for o in outs:
+        assert o["meta_info"]["completion_tokens"] <= budget
+        assert re.fullmatch(regex, o["text"]), (regex, o["text"])
