@@ -91,11 +91,10 @@ def _weight_bytes(model) -> int:
     total, seen = 0, set()
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            for t in (getattr(module, a, None) for a in ("_w8", "_s8", "_w4", "_sz4", "_q8", "_d8")):
-                if t is not None:
-                    total += t.numel() * t.element_size()
+            for t in module.packed_tensors():
+                total += t.numel() * t.element_size()
             if module.mode == "bf16":
-                total += module.weight_bf16.numel() * 2
+                total += module.weight_dense.numel() * 2
             seen.update(id(p) for p in module.parameters())
     for name, p in model.named_parameters():
         if id(p) not in seen and "embed_tokens" not in name:

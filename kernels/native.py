@@ -74,10 +74,13 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.sgnb_q4_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64]
     lib.sgnb_paged_decode.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64,
                                       ctypes.c_float, ptr, ptr, i32]
-    for f in (lib.sgnb_q8_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode):
+    lib.sgnb_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr, i64, ptr,
+                                       ptr, i64, i64, i64, i64, i64, ctypes.c_float, i32]
+    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode):
         f.restype = i32
     return lib
 
@@ -148,6 +151,40 @@ def q8_gemv(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor) -> torch.Tensor
     return y
 
 
+def q4_gemv(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor, wm: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous; wq (N, K / 2) uint8, wd and wm (N, K / 32) float16 (see pack_q4) -> (M, N)."""
+    N = wq.shape[0]
+    K = wq.shape[1] * 2
+    _check_x(x, K)
+    assert wq.dtype == torch.uint8 and wd.dtype == wm.dtype == torch.float16, (wq.dtype, wd.dtype, wm.dtype)
+    assert wd.shape == wm.shape == (N, K // BLOCK) and wq.is_contiguous() and wd.is_contiguous() and wm.is_contiguous()
+    y = torch.empty(x.shape[0], N)
+    rc = _need().sgnb_q4_gemv(wq.data_ptr(), wd.data_ptr(), wm.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0],
+                              K, N, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_q4_gemv failed ({rc})")
+    return y
+
+
+def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4-bit codes q (N, K) in [0, 15] with w = q * d + m per block of 32 (d, m (N, K / 32)) -> the kernel's
+    form: (N, K / 2) uint8, byte j of a block holding codes j (low nibble) and j + 16 (high), and d, m in
+    float16."""
+    N, K = q.shape
+    qb = q.to(torch.uint8).view(N, K // BLOCK, 2, BLOCK // 2)
+    packed = (qb[:, :, 0] | (qb[:, :, 1] << 4)).reshape(N, K // 2).contiguous()
+    return packed, d.to(torch.float16).contiguous(), m.to(torch.float16).contiguous()
+
+
+def unpack_q4(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The float32 weight (N, K) that pack_q4's output stands for."""
+    N = packed.shape[0]
+    K = packed.shape[1] * 2
+    pb = packed.view(N, K // BLOCK, BLOCK // 2)
+    q = torch.stack([pb & 0x0F, pb >> 4], dim=2).view(N, K // BLOCK, BLOCK).float()
+    return (q * d.float()[..., None] + m.float()[..., None]).view(N, K)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' rounding of x (M, K): int8 (M, K) and scales (M, K / 32), x ~ xq * scale per block."""
     M, K = x.shape
@@ -173,6 +210,48 @@ def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """The float32 weight (N, K) that quantize_q8's (q, d) stand for."""
     N, K = q.shape
     return (q.float().view(N, K // BLOCK, BLOCK) * d[..., None]).view(N, K)
+
+
+LAYER_FIELDS = 21  # the int64 fields of one layer's row in decode_layers' table (cpu_decode.c: LF_*)
+
+
+def linear_fields(layer: torch.nn.Module) -> list[int] | None:
+    """A QuantLinear's 4 fields in a decode_layers table (kind, then its packed tensors' addresses), or None
+    when it does not run on our kernels."""
+    run = getattr(layer, "_native", None)
+    if run is None or getattr(layer, "small_m", 0) < MAX_ROWS:
+        return None
+    if run[0] is q4_gemv:
+        return [4, *(t.data_ptr() for t in run[1])]
+    if run[0] is q8_gemv:
+        return [8, run[1][0].data_ptr(), run[1][1].data_ptr(), 0]
+    return None
+
+
+def decode_layers(table: torch.Tensor, x: torch.Tensor, final_norm: torch.Tensor, eps: float,
+                  positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_loc: torch.Tensor,
+                  req_to_token: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, heads: int, kv_heads: int,
+                  head_dim: int, intermediate: int, scale: float) -> torch.Tensor:
+    """A whole decode forward of a Llama-family model (see cpu_decode.c): x (B, hidden) float32 embeddings of
+    one token per request, B <= MAX_ROWS; table (L, LAYER_FIELDS) int64 (the caller keeps every tensor it
+    points to alive); positions, out_loc (the tokens' KV slots), rows (their req_to_token rows) and lens (keys
+    each attends to, its own included) (B,) int64; cos / sin (P, D / 2) float32. Writes each layer's K / V at
+    out_loc and returns the final hidden states (B, hidden), in x's storage."""
+    B, hidden = x.shape
+    assert x.dtype == torch.float32 and x.is_contiguous() and 0 < B <= MAX_ROWS, (x.dtype, x.shape)
+    assert table.dtype == torch.int64 and table.is_contiguous() and table.shape[1] == LAYER_FIELDS, table.shape
+    for t in (positions, out_loc, rows, lens):
+        assert t.dtype == torch.int64 and t.is_contiguous() and t.shape == (B,), (t.dtype, t.shape)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+    assert cos.shape[1] * 2 == head_dim and req_to_token.dtype == torch.int64 and req_to_token.stride(1) == 1
+    rc = _need().sgnb_decode_layers(table.data_ptr(), table.shape[0], B, x.data_ptr(), final_norm.data_ptr(), eps,
+                                    positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), out_loc.data_ptr(),
+                                    req_to_token.data_ptr(), req_to_token.stride(0), rows.data_ptr(),
+                                    lens.data_ptr(), hidden, heads, kv_heads, head_dim, intermediate, scale,
+                                    torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_decode_layers failed ({rc})")
+    return x
 
 
 def paged_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,

@@ -1,19 +1,24 @@
-"""Weight-quantized linear layers for the CPU engine: int8 (per output channel) or int4 (groups of 32) weights with
-bf16 activations at the matmul boundary, and a bf16 copy of the weights for large batches of rows.
+"""Weight-quantized linear layers for the CPU engine: int8 (per output channel) or int4 (groups of 32) weights for
+decode-sized batches of rows, and a dense copy of the same weights for large ones (prefill).
 
-"q8" (int8 in blocks of 32 along K, Q8_0's layout) runs on our own kernel (kernels/native.py, an AVX2 integer
-GEMV with the rows rounded to int8 per block as llama.cpp does): it is the head's mode when the head came from a
+Our own kernels (kernels/native.py: AVX2 integer GEMVs with the rows rounded to int8 per block, as llama.cpp
+does) run "int4" and "q8" where they build; torch's weight-only kernels (bf16 activations) run int4 elsewhere,
+and int8 always. "q8" (int8 in blocks of 32 along K, Q8_0's layout) is the head's mode when the head came from a
 Q8_0 GGUF tensor (the default model's tied embedding), where it holds the weights exactly and reads half of a
-bf16 head's bytes (~2x faster at decode sizes).
+bf16 head's bytes. Our int4 kernel is 2-2.7x torch's on the default model's shapes at one row and 1.2-1.6x at
+2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path up to native.MAX_ROWS rows.
+
+The dense copy is bf16 where the CPU multiplies bf16 natively (AVX512_BF16 / AMX) and float32 elsewhere: on
+the AVX2 EPYC a bf16 GEMM converts every element and ran 4-9x slower than float32 at 16-256 rows (960 x 576 at
+256 rows: 24.5 ms vs 2.7 ms).
 
 Why both: on a CPU a decode step is bound by the bytes of weights it reads (fp32 SmolLM2-135M: 540 MB per step),
-and torch's weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) read 4x / 8x fewer bytes,
-but they are vectorized only for bf16 activations and lose to a plain bf16 GEMM once many rows share the weights
-(prefill). So a layer keeps the packed weights for calls of at most `small_m` rows and a bf16 weight for larger
-ones (the dequantized quantized weights, so both paths compute with the same weights); activations stay fp32
-outside the layer. Measured on the 2-core AVX2 EPYC (30 layers of SmolLM2 linears,
-weights streamed from DRAM): M=1 fp32 25.5 ms, bf16 11.6, int8 4.3, int4 2.8; M=16: 41 / 16 / 14.5 / 11.4;
-M=64: 101 / 33 / 47 / 41 (benchmarks/results/NOTES.md).
+and packed weights read 4x / 8x fewer, but many rows sharing the weights (prefill) are compute-bound, where a
+dense GEMM wins. So a layer keeps the packed weights for calls of at most `small_m` rows and the dense copy for
+larger ones (the dequantized quantized weights, so both paths compute with the same weights); activations stay
+fp32 outside the layer. Measured earlier on a 2-core EPYC with AVX-512 bf16 (30 layers of SmolLM2 linears,
+weights streamed from DRAM, torch's kernels): M=1 fp32 25.5 ms, bf16 11.6, int8 4.3, int4 2.8; M=16: 41 / 16 /
+14.5 / 11.4; M=64: 101 / 33 / 47 / 41 (benchmarks/results/NOTES.md).
 
 The torch reference (`quant_linear_ref`) dequantizes explicitly; the layer must equal it.
 """
@@ -24,7 +29,7 @@ import torch
 from torch import nn
 
 INT4_GROUP = 32
-SMALL_M = 8  # rows up to which the packed weights beat the bf16 GEMM (measured crossover ~8-16)
+SMALL_M = 8  # rows up to which torch's packed kernels beat a dense GEMM (measured crossover ~8-16)
 MODES = ("int8", "int4", "q8", "bf16")
 LOSSLESS_INT4 = 1e-4  # relative error under which int4 groups reproduce a weight (weights from a Q4 GGUF)
 
@@ -58,6 +63,20 @@ def dequantize(mode: str, packed: dict[str, torch.Tensor]) -> torch.Tensor:
     return ((g - 8.0) * scale[..., None] + zero[..., None]).view(N, K)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512_BF16 or AMX): then a bf16 GEMM beats float32."""
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def dense_dtype() -> torch.dtype:
+    """The dtype of a quantized layer's dense copy (its path for large batches): see the module docstring."""
+    return torch.bfloat16 if native_bf16() else torch.float32
+
+
 def quant_linear_ref(x: torch.Tensor, mode: str, packed: dict[str, torch.Tensor],
                      bias: torch.Tensor | None) -> torch.Tensor:
     """What QuantLinear computes for a small batch: bf16 activations times the dequantized weight, fp32 out."""
@@ -66,46 +85,62 @@ def quant_linear_ref(x: torch.Tensor, mode: str, packed: dict[str, torch.Tensor]
 
 
 class QuantLinear(nn.Module):
-    """A drop-in for nn.Linear (weights (N, K)): packed int8/int4 weights for <= small_m rows, a bf16 copy above.
-    Input and output keep the caller's dtype (fp32 on CPU)."""
+    """A drop-in for nn.Linear (weights (N, K)): packed int8/int4/q8 weights for <= small_m rows, a dense copy of
+    the same weights above (`weight_dense`, dtype `dense_dtype()`). Input and output keep the caller's dtype
+    (fp32 on CPU)."""
 
-    def __init__(self, linear: nn.Linear, mode: str, small_m: int = SMALL_M) -> None:
+    def __init__(self, linear: nn.Linear, mode: str, small_m: int | None = None) -> None:
         super().__init__()
         assert mode in MODES, mode
+        from sgnb.kernels import native
+
         w = linear.weight.detach()
-        self.mode, self.small_m = mode, small_m
+        self.mode = mode
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        dense = dense_dtype()
+        self._native = None  # our kernel and its weights, where it runs this mode
         if mode == "bf16":  # bf16 weights at every size (half the bytes of fp32, no quantization grid)
             self.small_m = 0
-            self.weight_bf16 = w.to(torch.bfloat16).contiguous()
+            self.weight_dense = w.to(torch.bfloat16).contiguous()
             return
         if mode == "q8":
-            from sgnb.kernels import native
-
-            self._q8, self._d8 = native.quantize_q8(w)
-            self.weight_bf16 = native.dequantize_q8(self._q8, self._d8).to(torch.bfloat16).contiguous()
-            self._gemv = native.q8_gemv
-            return
-        if mode == "int8":
+            q8, d8 = native.quantize_q8(w)
+            self._native = (native.q8_gemv, (q8, d8))
+            weight = native.dequantize_q8(q8, d8)
+        elif mode == "int8":
             q, scale = quantize_int8(w)
-            packed = {"q": q, "scale": scale}
             self._w8, self._s8 = q, scale.to(torch.bfloat16)
+            weight = dequantize(mode, {"q": q, "scale": scale})
         else:
             q, scale, zero = quantize_int4(w)
-            packed = {"q": q, "scale": scale, "zero": zero}
-            self._w4 = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-            self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
-        # the large-batch path multiplies by the SAME quantized weights (dequantized, in bf16): a request's
-        # logits then differ between batch sizes by rounding only, not by quantization error
-        self.weight_bf16 = dequantize(mode, packed).to(torch.bfloat16).contiguous()  # (N, K)
+            if native.available():  # w = q * d + m per block, d and m in float16
+                packed = native.pack_q4(q, scale, zero - 8.0 * scale)
+                self._native = (native.q4_gemv, packed)
+                weight = native.unpack_q4(*packed)
+            else:
+                self._w4 = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+                self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
+                weight = dequantize(mode, {"q": q, "scale": scale, "zero": zero})
+        if small_m is None:
+            small_m = native.MAX_ROWS if self._native is not None else SMALL_M
+        self.small_m = small_m
+        # the large-batch path multiplies by the SAME quantized weights (dequantized): a request's logits then
+        # differ between batch sizes by rounding only, not by quantization error
+        self.weight_dense = weight.to(dense).contiguous()  # (N, K)
+
+    def packed_tensors(self) -> list[torch.Tensor]:
+        """The tensors the packed path reads (for byte counts)."""
+        if self._native is not None:
+            return list(self._native[1])
+        return [t for t in (getattr(self, a, None) for a in ("_w8", "_s8", "_w4", "_sz4")) if t is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (M, K)
         if x2.shape[0] > self.small_m:
-            y = nn.functional.linear(x2.to(torch.bfloat16), self.weight_bf16)
-        elif self.mode == "q8":
-            y = self._gemv(x2.float().contiguous(), self._q8, self._d8)
+            y = nn.functional.linear(x2.to(self.weight_dense.dtype), self.weight_dense)
+        elif self._native is not None:
+            y = self._native[0](x2.float().contiguous(), *self._native[1])
         elif self.mode == "int8":
             y = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self._w8, self._s8)
         else:
@@ -116,7 +151,9 @@ class QuantLinear(nn.Module):
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.mode} <= {self.small_m} rows, bf16 above"
+        kernel = "ours" if self._native is not None else "torch's"
+        return (f"in={self.in_features}, out={self.out_features}, {self.mode} ({kernel} kernel) <= {self.small_m} "
+                f"rows, {str(self.weight_dense.dtype).removeprefix('torch.')} above")
 
 
 def int4_is_lossless(w: torch.Tensor) -> bool:
@@ -157,11 +194,12 @@ def choose_mode(w: torch.Tensor, requested: str, head: bool) -> str:
 
 
 def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
-                     small_m: int = SMALL_M) -> dict[str, int]:
+                     small_m: int | None = None) -> dict[str, int]:
     """Replace every nn.Linear child whose attribute name is in `names` by a QuantLinear, in place, with
     `mode` ("int8" | "int4" | "q8" | "bf16" | "auto": see choose_mode; the head (`head`) takes "auto"'s choice
-    whatever the mode: int4 or q8 where lossless, else bf16); returns how many layers took each mode. A tied weight (lm_head =
-    embedding) stays the embedding's: the head gets its own copy."""
+    whatever the mode: int4 or q8 where lossless, else bf16); returns how many layers took each mode. A tied
+    weight (lm_head = embedding) stays the embedding's: the head gets its own copy. small_m: see QuantLinear
+    (None: the packed kernel's own limit)."""
     counts: dict[str, int] = {}
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):

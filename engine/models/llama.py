@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sgnb.engine.forward_batch import ForwardBatch
+from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.tensor_parallel import TPGroup
 from sgnb.kernels.activation import silu_and_mul
@@ -167,6 +167,11 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.rope_cos: torch.Tensor | None = None  # set by setup_rope once weights are on their device
         self.rope_sin: torch.Tensor | None = None
+        # CPU decode steps run every layer in one call of our C kernel when the weights are on its formats
+        # (kernels/native.decode_layers); False: always the module path (tests compare the two)
+        self.fused_decode = True
+        self.fused_steps = 0  # decode forwards that took it
+        self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -184,6 +189,10 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states after the final norm for every new token: (T, hidden). Rows fb.mm_rows take the
         encoder features fb.mm_embeds instead of a token embedding (a multimodal model's image tokens)."""
         assert self.rope_cos is not None and self.rope_sin is not None, "load or init weights first"
+        if fb.mode is ForwardMode.DECODE and self.fused_decode and fb.mm_rows is None:
+            out = self._fused_decode(fb)
+            if out is not None:
+                return out
         x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
         if fb.mm_rows is not None:
             x[fb.mm_rows] = fb.mm_embeds.to(x.dtype)  # type: ignore[union-attr]
@@ -194,6 +203,60 @@ class LlamaForCausalLM(nn.Module):
         if residual is None:  # no layers
             return self.model.norm(x)
         return self.model.norm(x, residual)[0]
+
+    def _fused_decode(self, fb: ForwardBatch) -> torch.Tensor | None:
+        """The decode forward in one call of our C kernel, or None where it does not apply: weights or KV not
+        on its formats, more rows than it takes, a group sharing a cached prefix (the cascade), no plan."""
+        from sgnb.engine.attention.torch_backend import _NativePlan
+        from sgnb.kernels import native
+
+        plan = fb.attn_metadata
+        if not isinstance(plan, _NativePlan) or plan.cascades or fb.batch_size > native.MAX_ROWS:
+            return None
+        table = self._decode_table(fb)
+        if table is None:
+            return None
+        cfg, attn = self.config, self.model.layers[0].self_attn
+        x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (B, hidden)
+        self.fused_steps += 1
+        return native.decode_layers(table, x, self.model.norm.weight, self.model.norm.eps, fb.positions,
+                                    self.rope_cos, self.rope_sin, fb.out_cache_loc, fb.req_to_token, plan.rows,
+                                    plan.lens, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                    self.tp.layout.intermediate_size, attn.scale)
+
+    def _decode_table(self, fb: ForwardBatch) -> torch.Tensor | None:
+        """decode_layers' table of this model over fb's KV pool (built once per pool), or None when a weight
+        or the pool is not on the kernel's formats."""
+        from sgnb.kernels import native
+
+        cache = fb.attn_backend.kv_cache if fb.attn_backend is not None else None
+        if cache is None or not cache.k_buffers:
+            return None
+        key = cache.k_buffers[0].data_ptr()
+        if self._fused_table is not None and self._fused_table[0] == key:
+            return self._fused_table[1]
+        table = None
+        ok = (self.tp.size == 1 and fb.input_ids.device.type == "cpu" and native.available()
+              and self.model.norm.weight.dtype == torch.float32
+              and all(b.dtype == torch.float32 and b.is_contiguous() for b in (*cache.k_buffers, *cache.v_buffers)))
+        rows = []
+        for i, layer in enumerate(self.model.layers if ok else []):
+            a, m = layer.self_attn, layer.mlp
+            fields = [native.linear_fields(lin) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if (None in fields or any(lin.bias is not None for lin in (a.o_proj, m.gate_up_proj, m.down_proj))
+                    or any(n.dtype != torch.float32 for n in norms)
+                    or layer.input_layernorm.eps != self.model.norm.eps
+                    or layer.post_attention_layernorm.eps != self.model.norm.eps):
+                break
+            bias = a.qkv_proj.bias
+            rows.append([norms[0].data_ptr(), norms[1].data_ptr(), *fields[0], 0 if bias is None else bias.data_ptr(),
+                         *fields[1], *fields[2], *fields[3], cache.k_buffers[i].data_ptr(),
+                         cache.v_buffers[i].data_ptr()])
+        if ok and rows and len(rows) == len(self.model.layers):
+            table = torch.tensor(rows, dtype=torch.int64)
+        self._fused_table = (key, table)
+        return table
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

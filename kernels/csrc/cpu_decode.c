@@ -88,6 +88,125 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
     return 0;
 }
 
+/* GEMV with 4-bit weights: W (N, K) in blocks of 32 along K, w = q * d + m with q in [0, 15] and d, m float16
+   per block (a Q4_0 / Q4_1 GGUF weight, such as the default model's linears). A block's 32 codes take 16 bytes:
+   byte j holds q[j] in its low nibble and q[j + 16] in its high one, so the two halves unpack with a mask and a
+   shift into the order of x. Rows of x are rounded to int8 per block as above (x ~ xq * dx), and
+   sum(w * x) = d dx sum(q xq) + m dx sum(xq): unsigned codes times signed activations is exactly what
+   maddubs multiplies. Two accumulators per row hide the FMA latency when there is only one row. */
+
+#define MAX_BLOCKS 1024 /* K up to 32768 */
+
+static inline void halfs_to_floats(const uint16_t *h, float *f, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+}
+
+int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int64_t M,
+                 int64_t K, int64_t N, int nthreads) {
+    if (M > MAX_ROWS || K % QK || K / QK > MAX_BLOCKS) return 1;
+    const int64_t G = K / QK;
+    int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
+    float *dx = malloc(sizeof(float) * (size_t)(M * G)), *sx = malloc(sizeof(float) * (size_t)(M * G));
+    if (!xq || !dx || !sx) { free(xq); free(dx); free(sx); return 2; }
+    quantize_rows(x, M, K, xq, dx);
+    for (int64_t i = 0; i < M * G; i++) {
+        int s = 0;
+        for (int j = 0; j < QK; j++) s += xq[i * QK + j];
+        sx[i] = (float)s * dx[i];
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    if (M == 1) {
+        /* one row: four columns at a time share each block of xq, four accumulators in flight, one reduction */
+        const int64_t N4 = N / 4 * 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t n = 0; n < N4; n += 4) {
+            float ds[4][MAX_BLOCKS];
+            float mt[4];
+            for (int c = 0; c < 4; c++) {  /* the blocks' d * dx, and the m terms' sum */
+                const uint16_t *dh = wd + (n + c) * G, *mh = wm + (n + c) * G;
+                __m256 t8 = _mm256_setzero_ps();
+                int64_t g = 0;
+                for (; g + 8 <= G; g += 8) {
+                    _mm256_storeu_ps(ds[c] + g, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + g))),
+                                                              _mm256_loadu_ps(dx + g)));
+                    t8 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + g))),
+                                         _mm256_loadu_ps(sx + g), t8);
+                }
+                float t = hsum8(t8);
+                for (; g < G; g++) { ds[c][g] = _cvtsh_ss(dh[g]) * dx[g]; t += _cvtsh_ss(mh[g]) * sx[g]; }
+                mt[c] = t;
+            }
+            const uint8_t *w0 = wq + n * G * 16, *w1 = w0 + G * 16, *w2 = w1 + G * 16, *w3 = w2 + G * 16;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t g = 0; g < G; g++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + g * QK));
+#define Q4_STEP(W, A, C)                                                                                     \
+                {                                                                                           \
+                    const __m128i v = _mm_loadu_si128((const __m128i *)(W + g * 16));                        \
+                    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low),              \
+                                                       _mm_and_si128(v, low));                               \
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);                  \
+                    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[C][g]), A);           \
+                }
+                Q4_STEP(w0, a0, 0) Q4_STEP(w1, a1, 1) Q4_STEP(w2, a2, 2) Q4_STEP(w3, a3, 3)
+#undef Q4_STEP
+            }
+            /* four horizontal sums at once: hadd pairs, then fold the 128-bit halves */
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(y + n, _mm_add_ps(r, _mm_loadu_ps(mt)));
+        }
+        if (N4 == N) { free(xq); free(dx); free(sx); return 0; }
+        wq += N4 * G * 16; wd += N4 * G; wm += N4 * G; y += N4; N -= N4;  /* the last columns below */
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float d[MAX_BLOCKS], m[MAX_BLOCKS];
+        halfs_to_floats(wd + n * G, d, G);
+        halfs_to_floats(wm + n * G, m, G);
+        const uint8_t *wr = wq + n * G * (QK / 2);
+        __m256 acc[MAX_ROWS], acc2[MAX_ROWS];
+        for (int64_t r = 0; r < M; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 2 <= G; g += 2) {
+            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g * 16));
+            const __m128i v1 = _mm_loadu_si128((const __m128i *)(wr + g * 16 + 16));
+            const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
+            const __m256i q1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v1, 4), low), _mm_and_si128(v1, low));
+            for (int64_t r = 0; r < M; r++) {
+                const int8_t *xr = xq + r * K + g * QK;
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)xr)), ones);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(xr + QK))), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
+                acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d[g + 1] * dx[r * G + g + 1]), acc2[r]);
+            }
+        }
+        for (; g < G; g++) {
+            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g * 16));
+            const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
+            for (int64_t r = 0; r < M; r++) {
+                const __m256i p0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK))), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < M; r++) {
+            const float *sr = sx + r * G;
+            __m256 macc = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i + 8 <= G; i += 8) macc = _mm256_fmadd_ps(_mm256_loadu_ps(m + i), _mm256_loadu_ps(sr + i), macc);
+            float tail = 0.0f;
+            for (; i < G; i++) tail += m[i] * sr[i];
+            y[r * N + n] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r], acc2[r]), macc)) + tail;
+        }
+    }
+    free(xq); free(dx); free(sx);
+    return 0;
+}
+
 /* the activations' rounding as the kernels see it, for tests: xq (M, K) int8 and dx (M, K / 32) */
 int sgnb_quantize_rows(const float *x, int8_t *xq, float *dx, int64_t M, int64_t K) {
     if (K % QK) return 1;
@@ -221,4 +340,110 @@ int sgnb_paged_decode(const float *q, const float *k_buf, const float *v_buf, co
     }
     free(first); free(pm); free(pl); free(pa);
     return 0;
+}
+
+/* ---- a whole decode forward of a Llama-family model ------------------------------------------------------
+
+   B decode tokens (B <= MAX_ROWS, one per request) through every layer, with the layers' linears on the GEMVs
+   above: the sequence the Python model runs (kernels/*, engine/models/llama.py) in one call, without the ~50
+   torch ops and module calls per layer that cost a CPU decode step more than its arithmetic. Per layer:
+   h = rmsnorm(x + residual); qkv = h Wqkv (+ bias); rotate q and k (rotate-half, the tables at each token's
+   position); store k, v at the token's slot; attention over the request's keys (paged_decode); residual +=
+   o_proj; h = rmsnorm(residual); x = down(silu(gate) * up). Then out = rmsnorm(x + residual) of the last layer.
+
+   `table` holds one row of LAYER_FIELDS int64 per layer: pointers and the kind of each linear (4: q4, its
+   wq / wd / wm; 8: q8, its wq / wd), as the LF_* indices say. x (B, hidden) holds the embeddings and gets
+   the final hidden states. */
+
+enum { LF_IN_NORM, LF_POST_NORM, LF_QKV, LF_QKV_BIAS = LF_QKV + 4, LF_O, LF_GATE_UP = LF_O + 4,
+       LF_DOWN = LF_GATE_UP + 4, LF_K_BUF = LF_DOWN + 4, LF_V_BUF, LAYER_FIELDS };
+
+static int linear(const int64_t *f, const float *x, float *y, int64_t M, int64_t K, int64_t N, int nthreads) {
+    if (f[0] == 4) return sgnb_q4_gemv((const uint8_t *)f[1], (const uint16_t *)f[2], (const uint16_t *)f[3], x, y,
+                                       M, K, N, nthreads);
+    if (f[0] == 8) return sgnb_q8_gemv((const int8_t *)f[1], (const float *)f[2], x, y, M, K, N, nthreads);
+    return 3;
+}
+
+/* y = x / rms(x) * w for each of M rows of n */
+static void rms_norm_rows(const float *x, const float *w, float *y, int64_t M, int64_t n, float eps) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = x + r * n;
+        __m256 ss = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) { const __m256 v = _mm256_loadu_ps(xr + i); ss = _mm256_fmadd_ps(v, v, ss); }
+        float sum = hsum8(ss);
+        for (; i < n; i++) sum += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+        for (i = 0; i < n; i++) y[r * n + i] = xr[i] * inv * w[i];
+    }
+}
+
+static void rotate_half(float *x, int64_t heads, int64_t D, const float *c, const float *s) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *a = x + h * D, *b = a + half;
+        for (int64_t i = 0; i < half; i++) {
+            const float x1 = a[i], x2 = b[i];
+            a[i] = x1 * c[i] - x2 * s[i];
+            b[i] = x2 * c[i] + x1 * s[i];
+        }
+    }
+}
+
+int sgnb_decode_layers(const int64_t *table, int64_t L, int64_t B, float *x, const float *final_norm, float eps,
+                       const int64_t *positions, const float *cos_t, const float *sin_t, const int64_t *out_loc,
+                       const int64_t *req_to_token, int64_t row_stride, const int64_t *rows, const int64_t *lens,
+                       int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t inter, float scale, int nthreads) {
+    if (B > MAX_ROWS || B < 1 || D % 8 || hidden % QK || inter % QK || (H * D) % QK) return 1;
+    const int64_t qs = H * D, kvs = Hkv * D, W = qs + 2 * kvs, half = D / 2;
+    float *res = malloc(sizeof(float) * (size_t)(B * hidden)), *h = malloc(sizeof(float) * (size_t)(B * hidden));
+    float *qkv = malloc(sizeof(float) * (size_t)(B * W)), *q = malloc(sizeof(float) * (size_t)(B * qs));
+    float *att = malloc(sizeof(float) * (size_t)(B * qs)), *lse = malloc(sizeof(float) * (size_t)(B * H));
+    float *gu = malloc(sizeof(float) * (size_t)(B * 2 * inter)), *act = malloc(sizeof(float) * (size_t)(B * inter));
+    int64_t *starts = calloc((size_t)B, sizeof(int64_t));
+    int rc = 0;
+    if (!res || !h || !qkv || !q || !att || !lse || !gu || !act || !starts) { rc = 2; goto done; }
+    for (int64_t i = 0; i < B * hidden; i++) res[i] = 0.0f;
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t *f = table + l * LAYER_FIELDS;
+        for (int64_t i = 0; i < B * hidden; i++) res[i] += x[i];  /* x: the embeddings, then each MLP's output */
+        rms_norm_rows(res, (const float *)f[LF_IN_NORM], h, B, hidden, eps);
+        if ((rc = linear(f + LF_QKV, h, qkv, B, hidden, W, nthreads))) goto done;
+        const float *bias = (const float *)f[LF_QKV_BIAS];
+        float *k_buf = (float *)f[LF_K_BUF], *v_buf = (float *)f[LF_V_BUF];
+        for (int64_t b = 0; b < B; b++) {
+            float *row = qkv + b * W;
+            if (bias) for (int64_t i = 0; i < W; i++) row[i] += bias[i];
+            const float *c = cos_t + positions[b] * half, *sn = sin_t + positions[b] * half;
+            rotate_half(row, H + Hkv, D, c, sn);  /* q's heads, then k's: adjacent in the row */
+            for (int64_t i = 0; i < qs; i++) q[b * qs + i] = row[i];
+            float *kd = k_buf + out_loc[b] * kvs, *vd = v_buf + out_loc[b] * kvs;
+            for (int64_t i = 0; i < kvs; i++) { kd[i] = row[qs + i]; vd[i] = row[qs + kvs + i]; }
+        }
+        if ((rc = sgnb_paged_decode(q, k_buf, v_buf, req_to_token, row_stride, rows, starts, lens, B, H, Hkv, D,
+                                    scale, att, lse, nthreads))) goto done;
+        if ((rc = linear(f + LF_O, att, h, B, qs, hidden, nthreads))) goto done;
+        for (int64_t i = 0; i < B * hidden; i++) res[i] += h[i];
+        rms_norm_rows(res, (const float *)f[LF_POST_NORM], h, B, hidden, eps);
+        if ((rc = linear(f + LF_GATE_UP, h, gu, B, hidden, 2 * inter, nthreads))) goto done;
+        for (int64_t b = 0; b < B; b++) {
+            const float *g = gu + b * 2 * inter, *u = g + inter;
+            float *a = act + b * inter;
+            int64_t i = 0;
+            for (; i + 8 <= inter; i += 8) {
+                const __m256 gv = _mm256_loadu_ps(g + i);
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                                      _mm256_loadu_ps(u + i)));
+            }
+            for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        }
+        if ((rc = linear(f + LF_DOWN, act, x, B, inter, hidden, nthreads))) goto done;
+    }
+    for (int64_t i = 0; i < B * hidden; i++) res[i] += x[i];
+    rms_norm_rows(res, final_norm, x, B, hidden, eps);
+done:
+    free(res); free(h); free(qkv); free(q); free(att); free(lse); free(gu); free(act); free(starts);
+    return rc;
 }

@@ -1,5 +1,6 @@
-"""Our C kernel (kernels/csrc/quant_gemv.c, built by kernels/native.py): the int8 GEMV against a torch reference
-that rounds the rows the same way, and the q8 head mode of QuantLinear that uses it."""
+"""Our C kernels (kernels/csrc/cpu_decode.c, built by kernels/native.py): the int8 and int4 GEMVs against a torch
+reference that rounds the rows the same way, the QuantLinear modes that use them, and the paged decode
+attention."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from sgnb.kernels import native
-from sgnb.kernels.quant_linear import SMALL_M, QuantLinear, choose_mode, q8_is_lossless
+from sgnb.kernels.quant_linear import QuantLinear, choose_mode, q8_is_lossless, quantize_int4
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels: {native.unavailable_reason()}")
 
@@ -58,6 +59,31 @@ def test_q8_gemv_equals_reference(m, n, k):
     assert ((y - exact).norm() / exact.norm()) < 0.02  # the rows' 8-bit rounding, no more
 
 
+def _rows_seen(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels see it: rounded to int8 per block of 32."""
+    xq, dx = native.quantize_rows(x)
+    return (xq.float().view(x.shape[0], -1, 32) * dx[..., None]).view_as(x)
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 2, 5, native.MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(7, 32), (200, 576), (1030, 1536), (1032, 64)])
+def test_q4_gemv_equals_reference(m, n, k):
+    """Widths that are and are not multiples of the one-row kernel's four columns, one block and many."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.05
+    q, scale, zero = quantize_int4(w)
+    packed = native.pack_q4(q, scale, zero - 8.0 * scale)
+    assert packed[0].shape == (n, k // 2) and packed[1].dtype == torch.float16
+    w_held = native.unpack_q4(*packed)
+    q_back = torch.stack([packed[0].view(n, -1, 16) & 15, packed[0].view(n, -1, 16) >> 4], 2).view(n, k)
+    assert torch.equal(q_back.int(), q)  # the codes survive packing; only d and m round (to float16)
+    assert ((w_held - w).abs() <= scale.repeat_interleave(32, 1) / 2 + 1e-3 * w.abs().max()).all()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = native.q4_gemv(x, *packed)
+    ref = _rows_seen(x).double() @ w_held.double().t()
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-4)
+
+
 @needs_native
 def test_q8_gemv_rejects_what_it_cannot_run():
     q, d = native.quantize_q8(_q8_weight(8, 64, seed=0))
@@ -68,9 +94,9 @@ def test_q8_gemv_rejects_what_it_cannot_run():
 
 
 @needs_native
-@pytest.mark.parametrize("m", [1, SMALL_M, SMALL_M + 3])
+@pytest.mark.parametrize("m", [1, native.MAX_ROWS, native.MAX_ROWS + 3])
 def test_q8_layer_holds_a_q8_weight_exactly(m):
-    """The head's mode: decode-sized batches run the kernel, larger ones the bf16 copy of the same weights."""
+    """The head's mode: decode-sized batches run the kernel, larger ones the dense copy of the same weights."""
     lin = nn.Linear(576, 300, bias=False)
     with torch.no_grad():
         lin.weight.copy_(_q8_weight(300, 576, seed=3))
@@ -82,8 +108,27 @@ def test_q8_layer_holds_a_q8_weight_exactly(m):
     assert got.shape == (m, 300) and got.dtype == torch.float32
     rel = ((got - exact).norm() / exact.norm()).item()
     assert rel < 0.02, rel
-    if m <= SMALL_M:
+    assert layer.small_m == native.MAX_ROWS
+    if m <= layer.small_m:
         torch.testing.assert_close(got, native.q8_gemv(x, *native.quantize_q8(lin.weight)))
+    else:
+        torch.testing.assert_close(got, x @ layer.weight_dense.float().t(), atol=1e-2, rtol=1e-2)
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 4, native.MAX_ROWS, native.MAX_ROWS + 1])
+def test_int4_layer_runs_our_kernel_up_to_its_rows_and_the_dense_copy_above(m):
+    lin = nn.Linear(576, 200, bias=True)
+    layer = QuantLinear(lin, "int4")
+    assert layer.small_m == native.MAX_ROWS and "ours" in layer.extra_repr()
+    x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+    got = layer(x)
+    w_held = layer.weight_dense.float()
+    if m <= layer.small_m:
+        ref = _rows_seen(x) @ w_held.t() + lin.bias.detach()
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    else:
+        torch.testing.assert_close(got, x @ w_held.t() + lin.bias.detach(), atol=1e-2, rtol=1e-2)
 
 
 def _slot_table(lens: list[int], pool: int, seed: int, fragmented: bool) -> torch.Tensor:

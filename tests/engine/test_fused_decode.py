@@ -1,0 +1,107 @@
+"""The CPU decode forward in one call of our C kernel (kernels/native.decode_layers, LlamaForCausalLM's fused
+path) against the module path on the same batches.
+
+Both paths round each linear's input rows to int8 per block; a last-bit difference upstream (the C norm sums
+in another order than torch) can move one element across a rounding boundary, which moves that linear's output
+by one activation step. On the real model the two agree to that quantization noise (up to ~2% relative per
+step measured; a wrong rotation shows up as ~50%), and both are held to the exact fp32 model by the quality
+guard in test_quantization.py; on random weights, where no element sits that close to an edge, to 1e-3.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sgnb.kernels import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernels: {native.unavailable_reason()}")
+
+
+def _both_paths(eng, prompts, new_tokens=6):
+    """Generate with every decode forward run both ways on the same batch; returns the per-step relative
+    differences and batch sizes. The module path's output is the one the engine continues with."""
+    from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
+
+    runner, model = eng.runner, eng.runner.model
+    steps = []
+
+    def forward(spec):
+        fb = ForwardBatch.build(spec, runner.req_pool.req_to_token, runner.device)
+        fb.attn_backend = runner.attn
+        runner.attn.init_forward_metadata(fb)
+        if fb.mode is not ForwardMode.DECODE:
+            return model(fb)
+        model.fused_decode = False
+        want = model(fb).clone()
+        model.fused_decode = True
+        before = model.fused_steps
+        got = model(fb)
+        assert model.fused_steps == before + 1, "the fused path did not run"
+        steps.append((((got - want).norm() / want.norm()).item(), fb.batch_size))
+        return want
+
+    runner.forward = forward
+    outs = eng.generate(prompts, [{"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}] * len(prompts))
+    assert all(o["meta_info"]["completion_tokens"] == new_tokens for o in outs)
+    return steps
+
+
+def test_fused_decode_equals_the_module_path_on_the_default_model():
+    from sgnb.engine import Engine
+
+    prompts = ["The capital of France is", "def fib(n):\n    " * 20, "Once upon a time, in a land far away, " * 12]
+    with Engine("smollm2", max_total_tokens=4096) as eng:
+        steps = _both_paths(eng, prompts)
+    assert steps and max(b for _, b in steps) == 3  # the three requests decoded in one batch
+    assert max(d for d, _ in steps) < 0.06, steps
+
+
+def test_fused_decode_with_qkv_bias_and_fragmented_slots(tmp_path):
+    """A Qwen2-style q/k/v bias on random int4 weights; sixteen requests (the kernel's row limit) whose slots
+    interleave, so every row reads its keys through a scattered slot table."""
+    from pathlib import Path
+
+    import sgnb.engine.models as models
+    from sgnb.engine import Engine
+
+    cfg = json.loads((Path(models.__file__).parent / "configs" / "tiny.json").read_text())
+    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=128, intermediate_size=256, num_attention_heads=8,
+               num_key_value_heads=2)
+    path = tmp_path / "tiny-bias.json"
+    path.write_text(json.dumps(cfg))
+    with Engine(f"dummy:{path}", device="cpu", quantization="int4", max_total_tokens=4096) as eng:
+        bias = eng.runner.model.model.layers[0].self_attn.qkv_proj.bias
+        assert bias is not None
+        with torch.no_grad():
+            for layer in eng.runner.model.model.layers:
+                layer.self_attn.qkv_proj.bias.normal_(0.0, 2.0)  # sharp attention: positions matter
+        prompts = [f"request {i}: " + "word " * (3 * i + 1) for i in range(native.MAX_ROWS)]
+        steps = _both_paths(eng, prompts, new_tokens=4)
+    assert max(b for _, b in steps) == native.MAX_ROWS
+    assert max(d for d, _ in steps) < 1e-3, steps  # random weights: no element sits on a rounding edge
+
+
+def test_more_rows_than_the_kernel_takes_use_the_module_path():
+    from sgnb.engine import Engine
+    from sgnb.engine.forward_batch import ForwardMode
+
+    with Engine("dummy:tiny", device="cpu", quantization="int4", max_total_tokens=4096) as eng:
+        runner, model = eng.runner, eng.runner.model
+        seen = []
+        inner = runner.model.forward
+
+        def forward(fb):
+            before = model.fused_steps
+            out = inner(fb)
+            if fb.mode is ForwardMode.DECODE:
+                seen.append((fb.batch_size, model.fused_steps == before + 1))
+            return out
+
+        model.forward = forward
+        eng.generate(["x " * 5] * (native.MAX_ROWS + 4), {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+        eng.generate("x " * 5, {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert any(b > native.MAX_ROWS for b, _ in seen) and any(b <= native.MAX_ROWS for b, _ in seen)
+    assert all(fused == (b <= native.MAX_ROWS) for b, fused in seen), seen
