@@ -216,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         table = self._decode_table(fb)
         if table is None:
             return None
-        cfg, attn = self.config, self.model.layers[0].self_attn
+        attn = self.model.layers[0].self_attn
         x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (B, hidden)
         self.fused_steps += 1
         return native.decode_layers(table, x, self.model.norm.weight, self.model.norm.eps, fb.positions,
