@@ -1,5 +1,6 @@
-"""The CPU engine's native kernels (kernels/csrc/cpu_decode.c: an int8-weight GEMV for decode rows, and decode
-attention over the paged KV pool): built with the machine's C compiler on first use,
+"""The CPU engine's native kernels (kernels/csrc/cpu_decode.c: int8- and int4-weight GEMVs for decode rows,
+decode attention over the paged KV pool, and a Llama decode forward of every layer in one call): built with
+the machine's C compiler on first use,
 loaded with ctypes, and optional: `available()` is False (and callers use torch's kernels) without a compiler,
 without AVX2 + FMA, or with SGNB_NATIVE=0.
 
