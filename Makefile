@@ -48,7 +48,7 @@ $(BENCH_STAMP): $(STAMP)
 # then single-stream decode vs llama.cpp and HF (benchmarks/results/<date>-cpu-decode.json)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_suite.py --scale cpu
-	$(BIN)/python benchmarks/bench_cpu_decode.py
+	$(BIN)/python benchmarks/bench_cpu_decode.py --repeat 2
 
 # on a GPU machine: the decode step vs gpt-fast (GPT_FAST_DIR=a checkout of pytorch-labs/gpt-fast) and HF, prefill vs
 # the matmul ceiling, and the suite at GPU scale with its ablations: benchmarks/results/<date>-gpu.json

@@ -206,12 +206,14 @@ class LlamaForCausalLM(nn.Module):
 
     def _fused_decode(self, fb: ForwardBatch) -> torch.Tensor | None:
         """The decode forward in one call of our C kernel, or None where it does not apply: weights or KV not
-        on its formats, more rows than it takes, a group sharing a cached prefix (the cascade), no plan."""
+        on its formats, more rows than it takes, an attention backend without our kernel's plan."""
         from sgnb.engine.attention.torch_backend import _NativePlan
         from sgnb.kernels import native
 
-        plan = fb.attn_metadata
-        if not isinstance(plan, _NativePlan) or plan.cascades or fb.batch_size > native.MAX_ROWS:
+        # the attention backend's plan says our attention kernel runs this batch; its cascades (a prefix shared
+        # by a group, read once) are not taken: each row reads all its keys, which at <= 16 rows costs less
+        # than the module path's per-layer Python (forked programs decode as such groups)
+        if not isinstance(fb.attn_metadata, _NativePlan) or fb.batch_size > native.MAX_ROWS:
             return None
         table = self._decode_table(fb)
         if table is None:
@@ -220,8 +222,8 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (B, hidden)
         self.fused_steps += 1
         return native.decode_layers(table, x, self.model.norm.weight, self.model.norm.eps, fb.positions,
-                                    self.rope_cos, self.rope_sin, fb.out_cache_loc, fb.req_to_token, plan.rows,
-                                    plan.lens, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                    self.rope_cos, self.rope_sin, fb.out_cache_loc, fb.req_to_token,
+                                    fb.req_pool_indices, fb.seq_lens, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                                     self.tp.layout.intermediate_size, attn.scale)
 
     def _decode_table(self, fb: ForwardBatch) -> torch.Tensor | None:

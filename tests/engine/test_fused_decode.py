@@ -105,3 +105,16 @@ def test_more_rows_than_the_kernel_takes_use_the_module_path():
         eng.generate("x " * 5, {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
     assert any(b > native.MAX_ROWS for b, _ in seen) and any(b <= native.MAX_ROWS for b, _ in seen)
     assert all(fused == (b <= native.MAX_ROWS) for b, fused in seen), seen
+
+
+def test_forks_sharing_a_cached_prefix_take_the_fused_path():
+    """Forked programs decode as a group sharing a cached prefix (the module path's cascade); the fused path
+    reads each row's keys whole and must give the same states."""
+    from sgnb.engine import Engine
+
+    prefix = "You are a helpful assistant. List three tips for writing clear code, with reasons. " * 6
+    with Engine("smollm2", max_total_tokens=4096) as eng:
+        eng.generate(prefix, {"max_new_tokens": 1})  # cache the prefix
+        steps = _both_paths(eng, [prefix + f" Tip {i}:" for i in range(1, 6)])
+    assert max(b for _, b in steps) == 5
+    assert max(d for d, _ in steps) < 0.06, steps
