@@ -14,6 +14,7 @@ single-rank group every shard is the whole tensor and the collectives are no-ops
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -169,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope_sin: torch.Tensor | None = None
         # CPU decode steps run every layer in one call of our C kernel when the weights are on its formats
         # (kernels/native.decode_layers); False: always the module path (tests compare the two)
-        self.fused_decode = True
+        self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
         self.fused_steps = 0  # decode forwards that took it
         self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
 
