@@ -13,6 +13,7 @@ can build it at once. It is loaded after torch, so its OpenMP calls bind to the 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -39,10 +40,18 @@ _why_not: str | None = None
 _off = False  # set_enabled(False): benchmarks compare against torch's kernels in one process
 
 
-def _cpu_ok() -> bool:
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (read once), or None where it cannot be read."""
     try:
-        flags = Path("/proc/cpuinfo").read_text().split()
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
+        return None
+
+
+def _cpu_ok() -> bool:
+    flags = cpu_flags()
+    if flags is None:
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     return "avx2" in flags and "fma" in flags and "f16c" in flags
 

@@ -5,8 +5,8 @@ Our own kernels (kernels/native.py: AVX2 integer GEMVs with the rows rounded to 
 does) run "int4" and "q8" where they build; torch's weight-only kernels (bf16 activations) run int4 elsewhere,
 and int8 always. "q8" (int8 in blocks of 32 along K, Q8_0's layout) is the head's mode when the head came from a
 Q8_0 GGUF tensor (the default model's tied embedding), where it holds the weights exactly and reads half of a
-bf16 head's bytes. Our int4 kernel is 2-2.7x torch's on the default model's shapes at one row and 1.2-1.6x at
-2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path up to native.MAX_ROWS rows.
+bf16 head's bytes. Our int4 kernel is 2.2-3.2x torch's on the default model's shapes at one row and 1.2-1.6x
+at 2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path up to native.MAX_ROWS rows.
 
 The dense copy is bf16 where the CPU multiplies bf16 natively (AVX512_BF16 / AMX) and float32 elsewhere: on
 the AVX2 EPYC a bf16 GEMM converts every element and ran 4-9x slower than float32 at 16-256 rows (960 x 576 at
@@ -65,10 +65,9 @@ def dequantize(mode: str, packed: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512_BF16 or AMX): then a bf16 GEMM beats float32."""
-    try:
-        flags = open("/proc/cpuinfo").read().split()
-    except OSError:
-        return False
+    from sgnb.kernels import native
+
+    flags = native.cpu_flags() or frozenset()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

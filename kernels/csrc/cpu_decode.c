@@ -94,7 +94,8 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
    byte j holds q[j] in its low nibble and q[j + 16] in its high one, so the two halves unpack with a mask and a
    shift into the order of x. Rows of x are rounded to int8 per block as above (x ~ xq * dx), and
    sum(w * x) = d dx sum(q xq) + m dx sum(xq): unsigned codes times signed activations is exactly what
-   maddubs multiplies. Two accumulators per row hide the FMA latency when there is only one row. */
+   maddubs multiplies. One row (a decode step) takes four columns at a time, two blocks per 32-byte load;
+   several rows share each unpacked block instead, two accumulators per row. */
 
 #define MAX_BLOCKS 1024 /* K up to 32768 */
 
