@@ -27,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import RESULTS, commit, device_name, matmul_peak_gflops, model_params  # noqa: E402
 
-SUITE_SYSTEMS = "sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward,sgnb-no-cuda-graph"
+SUITE_SYSTEMS = ("sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward,sgnb-no-cuda-graph,sgnb-no-overlap,"
+                 "hf-transformers")
 
 
 def decode_rows(args: argparse.Namespace) -> list[dict]:

@@ -32,6 +32,7 @@ SYSTEMS: dict[str, dict] = {
     "sgnb-no-hints": {"kind": "sgnb", "engine": {}, "hints": False},
     "sgnb-no-jump-forward": {"kind": "sgnb", "engine": {"disable_jump_forward": True}, "only_constrained": True},
     "sgnb-no-cuda-graph": {"kind": "sgnb", "engine": {"disable_cuda_graph": True}, "only_cuda": True},
+    "sgnb-no-overlap": {"kind": "sgnb", "engine": {"disable_overlap_schedule": True}, "only_cuda": True},
     # "extra": named with --systems only, not part of "all"
     "sgnb-no-mixed": {"kind": "sgnb", "engine": {"disable_mixed_batches": True}, "extra": True},
     "sgnb-no-cascade": {"kind": "sgnb", "engine": {"disable_cascade": True}, "extra": True},
@@ -87,7 +88,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         from peers import SYSTEMS_PEERS, LlamaCpp
 
         cls = SYSTEMS_PEERS[system]
-        backend = cls(source, logits_all=wl.has_select) if cls is LlamaCpp else cls(source)
+        if cls is LlamaCpp:
+            backend = cls(source, logits_all=wl.has_select)
+        else:
+            backend = cls(source, tokenizer_dir=tokenizer) if system == "hf-transformers" else cls(source)
 
     # warm up (first-call costs: thread pools, graph setup), then start clean
     from sgnb.backends.base import GenContext

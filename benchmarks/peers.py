@@ -23,6 +23,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sgnb.backends.base import Backend, ChoiceDecision, GenContext
@@ -40,11 +41,14 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
 class PeerBackend(Backend):
     """What the peers share: our tokenizer and chat template (so prompts are identical) and the counters."""
 
-    def __init__(self, source: Any) -> None:
-        from sgnb.engine.model_loader import load_tokenizer
+    def __init__(self, source: Any, tokenizer_dir: str | None = None) -> None:
+        from sgnb.engine.model_loader import SMOLLM2_NAME, load_tokenizer, resolve_model
 
         self.source = source
-        self.tokenizer = load_tokenizer(source)
+        # a dummy model (random weights) takes a real model's tokenizer: the suite's --tokenizer, else SmolLM2's
+        self.tokenizer = load_tokenizer(source, tokenizer_path=tokenizer_dir)
+        self.tokenizer_dir = (Path(tokenizer_dir) if tokenizer_dir
+                              else source.path if not source.dummy else resolve_model(SMOLLM2_NAME).path)
         self.counters: Counter[str] = Counter()
         self._template = derive_from_jinja(lambda m, g: self.tokenizer.apply_chat_template(m, add_generation_prompt=g),
                                            source.name)
@@ -83,20 +87,36 @@ class _Job:
 
 
 class HFTransformers(PeerBackend):
-    def __init__(self, source: Any, max_batch: int = 16, gather_s: float = 0.003) -> None:
+    """HF transformers' batched generate: fp32 on the CPU, bf16 on a GPU. A dummy model gets HF's own random
+    initialisation (scaled down so that 32 layers keep finite activations): a speed baseline whose outputs are
+    noise, like the engine's random weights."""
+
+    def __init__(self, source: Any, max_batch: int = 16, gather_s: float = 0.003,
+                 tokenizer_dir: str | None = None) -> None:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
         from sgnb.engine.model_loader import load_state_dict
 
-        super().__init__(source)
+        super().__init__(source, tokenizer_dir)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         cfg = LlamaConfig(**source.config.to_hf_dict())
         cfg._attn_implementation = "sdpa"
-        model = LlamaForCausalLM(cfg).eval()
-        model.load_state_dict(load_state_dict(source, torch.device("cpu"), torch.float32), strict=False)
+        if source.dummy:
+            with torch.device(self.device):
+                model = LlamaForCausalLM(cfg).to(dtype).eval()
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.dim() > 1:
+                        p.normal_(0.0, 0.02)
+        else:
+            model = LlamaForCausalLM(cfg).eval()
+            model.load_state_dict(load_state_dict(source, torch.device("cpu"), torch.float32), strict=False)
+            model = model.to(self.device, dtype)
         model.tie_weights()
         self.model = model
-        self.hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(source.path / "tokenizer.json"))
+        self.hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_dir / "tokenizer.json"))
         self.hf_tok.pad_token_id, self.hf_tok.padding_side = self.tokenizer.eos_token_ids[0], "left"
         self.max_batch, self.gather_s = max_batch, gather_s
         self._grammar_compiler = None
@@ -169,8 +189,8 @@ class HFTransformers(PeerBackend):
         n = v["max_new_tokens"]
         width = max(len(j.ids) for j in jobs)
         pad = self.hf_tok.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(j.ids)) + j.ids for j in jobs])
-        mask = torch.tensor([[0] * (width - len(j.ids)) + [1] * len(j.ids) for j in jobs])
+        input_ids = torch.tensor([[pad] * (width - len(j.ids)) + j.ids for j in jobs], device=self.device)
+        mask = torch.tensor([[0] * (width - len(j.ids)) + [1] * len(j.ids) for j in jobs], device=self.device)
         kwargs: dict[str, Any] = {"max_new_tokens": n, "do_sample": False, "pad_token_id": pad}
         if v["ignore_eos"]:
             kwargs["min_new_tokens"] = n
@@ -218,14 +238,16 @@ class HFTransformers(PeerBackend):
         prefix, full, start = self._scoring_plan(job.text, job.choices)
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([full[0][:start]]), past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([full[0][:start]], device=self.device), past_key_values=cache,
+                             use_cache=True)
             first = torch.log_softmax(out.logits[0, -1].float(), -1)
             logprobs = []
             for f in full:
                 rest = f[start:]
                 lp = [first[rest[0]].item()]
                 if len(rest) > 1:
-                    o = self.model(input_ids=torch.tensor([rest[:-1]]), past_key_values=cache, use_cache=True)
+                    o = self.model(input_ids=torch.tensor([rest[:-1]], device=self.device), past_key_values=cache,
+                                   use_cache=True)
                     cache.crop(-(len(rest) - 1))
                     lps = torch.log_softmax(o.logits[0].float(), -1)
                     lp += [lps[i, t].item() for i, t in enumerate(rest[1:])]
