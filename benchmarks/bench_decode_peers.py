@@ -48,12 +48,14 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int) -> 
             cur = torch.zeros(b, 1, dtype=torch.int32, device="cuda")
             pos = torch.tensor([context], device="cuda")
             for _ in range(3):  # compile + graph capture for this shape
-                cur = compiled(cur, pos)
+                torch.compiler.cudagraph_mark_step_begin()
+                cur = compiled(cur, pos).clone()  # a graph's output is overwritten by its next replay
             compile_s = time.perf_counter() - t0
             torch.cuda.synchronize()
             t1 = time.perf_counter()
             for k in range(steps):
                 pos.fill_(context + 1 + k)
+                torch.compiler.cudagraph_mark_step_begin()
                 cur = compiled(cur, pos).clone()
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t1) / steps * 1e3

@@ -31,7 +31,7 @@ SUITE_SYSTEMS = ("sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forwar
                  "hf-transformers")
 
 
-def decode_rows(args: argparse.Namespace) -> list[dict]:
+def decode_rows(args: argparse.Namespace, errors: dict) -> list[dict]:
     import bench_attention
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -43,11 +43,15 @@ def decode_rows(args: argparse.Namespace) -> list[dict]:
     import bench_decode_peers as peers_mod
 
     folder = args.gpt_fast_dir or os.environ.get("GPT_FAST_DIR")
-    if folder:
-        for r in peers_mod.gpt_fast_rows(folder, batches, 1024, 32):
-            peers["gpt-fast"][r["batch"]] = r["decode_step_ms"]
-    for r in peers_mod.hf_rows(batches, 1024, 32):
-        peers["hf-transformers"][r["batch"]] = r["decode_step_ms"]
+    runs = ([("gpt-fast", lambda: peers_mod.gpt_fast_rows(folder, batches, 1024, 32))] if folder else []) + [
+        ("hf-transformers", lambda: peers_mod.hf_rows(batches, 1024, 32))]
+    for name, run in runs:  # one peer failing keeps the other's rows and ours
+        try:
+            for r in run():
+                peers[name][r["batch"]] = r["decode_step_ms"]
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"[:300]
+        gc.collect()
     return [{"batch": b, "context": 1024, "sgnb_ms": ours.get(b, {}).get("decode_step_ms"),
              "floor_ms": ours.get(b, {}).get("floor_ms"), "gpt_fast_ms": peers["gpt-fast"].get(b),
              "hf_ms": peers["hf-transformers"].get(b)} for b in batches]
@@ -113,7 +117,7 @@ def main() -> int:
     for part in parts:
         try:
             if part == "decode":
-                result["decode"] = decode_rows(args)
+                result["decode"] = decode_rows(args, result.setdefault("peer_errors", {}))
             elif part == "prefill":
                 result["prefill"] = prefill_row(args, peak)
             elif part == "suite":

@@ -227,7 +227,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per (workload, system) child")
     ap.add_argument("--out", default=None, help="JSON path (default results/<date>-<scale>.json)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
+    ap.add_argument("--prewarm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.prewarm:  # one engine start (its warm-up), nothing timed
+        from sgnb.engine import Engine
+
+        Engine(args.model, tokenizer_path=args.tokenizer, **json.loads(args.engine_args or "{}")).shutdown()
+        os._exit(0)
     if args.child:
         print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit,
                                    json.loads(args.engine_args) if args.engine_args else None, args.tokenizer)),
@@ -252,6 +258,17 @@ def main() -> None:
     cfg = resolve_model(args.model).config
     params = model_params(cfg)
     rows, skipped = [], []
+    if cuda and any(SYSTEMS[s]["kind"] == "sgnb" for s in systems):
+        # one engine start before any child, without a timeout: on a machine that never ran this model's shapes
+        # FlashInfer JIT-builds its modules (~80-100 s) and Triton compiles the warm-up's kernels, inside the
+        # first children's timeouts otherwise (2026-12-02: every child of a call timed out at 75 s so)
+        t0 = time.perf_counter()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--prewarm", "--model", args.model] + (
+            ["--engine-args", args.engine_args] if args.engine_args else []) + (
+            ["--tokenizer", args.tokenizer] if args.tokenizer else [])
+        subprocess.run(cmd, check=False, env=os.environ.copy())
+        print(f"engine pre-warm (kernel builds and compiles, outside every timing): {time.perf_counter() - t0:.1f} s",
+              flush=True)
     t_start = time.perf_counter()
     for name in names:
         wl = build(name, args.scale)

@@ -158,7 +158,13 @@ class ModelRunner:
         self.attention_backend = self.attn.name
         self.graphs: DecodeGraphs | None = None
         self.extend_graphs: ExtendGraphs | None = None
-        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+        reserved = 0
+        if self.device.type == "cuda":
+            # the baseline without the cached blocks of loading's temporaries: capture empties the cache, so
+            # measured against a full one the graphs' memory came out negative (-12 GiB on the H200)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            reserved = torch.cuda.memory_reserved(self.device)
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             if self.attn.supports_cuda_graph:
                 max_bs = min(config.cuda_graph_max_bs or DEFAULT_MAX_BS, config.max_running_requests)
@@ -175,7 +181,7 @@ class ModelRunner:
                          self.attention_backend)
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         kv_bytes = self.kv_cache.bytes_per_token() * (slots + 2)
-        graph_bytes = torch.cuda.memory_reserved(self.device) - reserved if self.device.type == "cuda" else 0
+        graph_bytes = max(torch.cuda.memory_reserved(self.device) - reserved, 0) if self.device.type == "cuda" else 0
         self.memory = {"weights_bytes": weights, "kv_cache_bytes": kv_bytes, "cuda_graph_bytes": graph_bytes}
         log.info("model %s on %s/%s (weights: %s, %.2f GiB), KV pool %d tokens (%.2f GiB), CUDA graphs %.2f GiB, "
                  "attention %s", source.name, self.device, self.dtype, self.quantization, weights / 2**30,
