@@ -87,9 +87,9 @@ class _Job:
 
 
 class HFTransformers(PeerBackend):
-    """HF transformers' batched generate: fp32 on the CPU, bf16 on a GPU. A dummy model gets HF's own random
-    initialisation (scaled down so that 32 layers keep finite activations): a speed baseline whose outputs are
-    noise, like the engine's random weights."""
+    """HF transformers' batched generate: fp32 on the CPU, bf16 on a GPU. A dummy model gets random weights
+    (normal, std 0.02, so that 32 layers keep finite activations; norms stay 1): a speed baseline whose
+    outputs are noise, like the engine's random weights."""
 
     def __init__(self, source: Any, max_batch: int = 16, gather_s: float = 0.003,
                  tokenizer_dir: str | None = None) -> None:
