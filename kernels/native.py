@@ -178,21 +178,49 @@ def q4_gemv(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor, wm: torch.Tenso
 
 def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """4-bit codes q (N, K) in [0, 15] with w = q * d + m per block of 32 (d, m (N, K / 32)) -> the kernel's
-    form: (N, K / 2) uint8, byte j of a block holding codes j (low nibble) and j + 16 (high), and d, m in
-    float16."""
+    form: (N, K / 2) uint8 and d, m in float16. A block's 16 bytes hold codes j (low nibble) and j + 16 (high);
+    the columns go in tiles of four, pair of blocks by pair of blocks (cpu_decode.c says why); the last N % 4
+    columns one after another."""
     N, K = q.shape
     qb = q.to(torch.uint8).view(N, K // BLOCK, 2, BLOCK // 2)
-    packed = (qb[:, :, 0] | (qb[:, :, 1] << 4)).reshape(N, K // 2).contiguous()
-    return packed, d.to(torch.float16).contiguous(), m.to(torch.float16).contiguous()
+    packed = (qb[:, :, 0] | (qb[:, :, 1] << 4)).reshape(N, K // 2)
+    return _to_tiles(packed), d.to(torch.float16).contiguous(), m.to(torch.float16).contiguous()
+
+
+def _to_tiles(cols: torch.Tensor) -> torch.Tensor:
+    """(N, B) bytes, column after column -> the tiled order (same shape): per tile of four columns their pairs
+    of blocks (32 bytes each) interleaved, then each column's odd last block (16 bytes)."""
+    N, B = cols.shape
+    P, T = B // 32, N // 4
+    tiles = cols[: 4 * T].reshape(T, 4, B)
+    pairs = tiles[:, :, : 32 * P].reshape(T, 4, P, 32).transpose(1, 2).reshape(T, 128 * P)
+    rest = tiles[:, :, 32 * P:].reshape(T, -1)
+    return torch.cat([torch.cat([pairs, rest], 1).reshape(4 * T, B), cols[4 * T:]]).contiguous()
+
+
+def _from_tiles(packed: torch.Tensor) -> torch.Tensor:
+    """_to_tiles undone: (N, B) bytes column after column."""
+    N, B = packed.shape
+    P, T = B // 32, N // 4
+    tiles = packed[: 4 * T].reshape(T, 4 * B)
+    pairs = tiles[:, : 128 * P].reshape(T, P, 4, 32).transpose(1, 2).reshape(T, 4, 32 * P)
+    rest = tiles[:, 128 * P:].reshape(T, 4, B - 32 * P)
+    return torch.cat([torch.cat([pairs, rest], 2).reshape(4 * T, B), packed[4 * T:]])
+
+
+def q4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The 4-bit codes (N, K) that pack_q4's bytes hold."""
+    cols = _from_tiles(packed)
+    N, K = cols.shape[0], cols.shape[1] * 2
+    pb = cols.reshape(N, K // BLOCK, BLOCK // 2)
+    return torch.stack([pb & 0x0F, pb >> 4], dim=2).reshape(N, K)
 
 
 def unpack_q4(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """The float32 weight (N, K) that pack_q4's output stands for."""
-    N = packed.shape[0]
-    K = packed.shape[1] * 2
-    pb = packed.view(N, K // BLOCK, BLOCK // 2)
-    q = torch.stack([pb & 0x0F, pb >> 4], dim=2).view(N, K // BLOCK, BLOCK).float()
-    return (q * d.float()[..., None] + m.float()[..., None]).view(N, K)
+    q = q4_codes(packed).float()
+    N, K = q.shape
+    return (q.view(N, K // BLOCK, BLOCK) * d.float()[..., None] + m.float()[..., None]).view(N, K)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

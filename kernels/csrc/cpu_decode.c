@@ -95,7 +95,16 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
    shift into the order of x. Rows of x are rounded to int8 per block as above (x ~ xq * dx), and
    sum(w * x) = d dx sum(q xq) + m dx sum(xq): unsigned codes times signed activations is exactly what
    maddubs multiplies. One row (a decode step) takes four columns at a time, two blocks per 32-byte load;
-   several rows share each unpacked block instead, two accumulators per row. */
+   several rows share each unpacked block instead, two accumulators per row.
+
+   Layout: columns go in tiles of four (the last N % 4 columns as they are, one after another). A tile holds
+   its four columns' blocks pair by pair, [pair 0 of columns 0..3][pair 1 of columns 0..3]..., 32 bytes per
+   column and pair, then (odd K / 32) the last block of each column, 16 bytes each: the one-row kernel then
+   reads memory strictly in order, prefetched ahead. The columns one after another, each a stream of its own,
+   ran at ~13 GB/s of this machine's 23; in order and prefetched, a microbenchmark of the default model's 120
+   layers went from 4.5 to 2.8 ms. */
+
+#define Q4_PREFETCH 2048 /* bytes ahead of the one-row kernel's reads */
 
 #define MAX_BLOCKS 1024 /* K up to 32768 */
 
@@ -151,18 +160,20 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
                 for (; g < G; g++) { ds[c][g] = _cvtsh_ss(dh[g]) * dx[g]; t += _cvtsh_ss(mh[g]) * sx[g]; }
                 mt[c] = t;
             }
-            const uint8_t *w0 = wq + n * G * 16, *w1 = w0 + G * 16, *w2 = w1 + G * 16, *w3 = w2 + G * 16;
+            const uint8_t *tile = wq + n * G * 16;  /* four columns' blocks, pair by pair */
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
             int64_t g = 0;
             /* two blocks per 32-byte load: its low nibbles are codes 0-15 of both, the high ones codes 16-31,
                matched by xp's order; the int32 lanes 0-3 then sum block g, lanes 4-7 block g + 1 */
             for (; g + 2 <= G; g += 2) {
+                _mm_prefetch((const char *)(tile + g * 64 + Q4_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(tile + g * 64 + 64 + Q4_PREFETCH), _MM_HINT_T0);
                 const __m256i xa = _mm256_loadu_si256((const __m256i *)(xp + g * QK));
                 const __m256i xb = _mm256_loadu_si256((const __m256i *)(xp + g * QK + 32));
-#define Q4_PAIR(W, A, C)                                                                                     \
+#define Q4_PAIR(A, C)                                                                                        \
                 {                                                                                           \
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(W + g * 16));                     \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * 64 + C * 32));         \
                     const __m256i lo = _mm256_and_si256(v, low8), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low8); \
                     const __m256i p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),         \
                                                                          _mm256_maddubs_epi16(hi, xb)), ones);  \
@@ -170,20 +181,20 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
                         _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&ds[C][g]))), spread); \
                     A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, A);                                       \
                 }
-                Q4_PAIR(w0, a0, 0) Q4_PAIR(w1, a1, 1) Q4_PAIR(w2, a2, 2) Q4_PAIR(w3, a3, 3)
+                Q4_PAIR(a0, 0) Q4_PAIR(a1, 1) Q4_PAIR(a2, 2) Q4_PAIR(a3, 3)
 #undef Q4_PAIR
             }
-            for (; g < G; g++) {
+            for (; g < G; g++) {  /* an odd last block: 16 bytes per column after the pairs */
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + g * QK));
-#define Q4_STEP(W, A, C)                                                                                     \
+#define Q4_STEP(A, C)                                                                                        \
                 {                                                                                           \
-                    const __m128i v = _mm_loadu_si128((const __m128i *)(W + g * 16));                        \
+                    const __m128i v = _mm_loadu_si128((const __m128i *)(tile + g * 64 + C * 16));            \
                     const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low),              \
                                                        _mm_and_si128(v, low));                               \
                     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);                  \
                     A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[C][g]), A);           \
                 }
-                Q4_STEP(w0, a0, 0) Q4_STEP(w1, a1, 1) Q4_STEP(w2, a2, 2) Q4_STEP(w3, a3, 3)
+                Q4_STEP(a0, 0) Q4_STEP(a1, 1) Q4_STEP(a2, 2) Q4_STEP(a3, 3)
 #undef Q4_STEP
             }
             /* four horizontal sums at once: hadd pairs, then fold the 128-bit halves */
@@ -195,18 +206,24 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
         if (N4 == N) { free(xq); free(dx); free(sx); return 0; }
         wq += N4 * G * 16; wd += N4 * G; wm += N4 * G; y += N4; N -= N4;  /* the last columns below */
     }
+    const int64_t tiled = M == 1 ? 0 : N / 4 * 4;  /* columns [0, tiled) are in tiles of four */
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float d[MAX_BLOCKS], m[MAX_BLOCKS];
         halfs_to_floats(wd + n * G, d, G);
         halfs_to_floats(wm + n * G, m, G);
-        const uint8_t *wr = wq + n * G * (QK / 2);
+        /* block g's 16 bytes at wr + g * stride + (g odd ? 16 : 0), for a column in a tile or on its own */
+        const int in_tile = n < tiled;
+        const uint8_t *wr = in_tile ? wq + (n & ~(int64_t)3) * G * 16 + (n & 3) * 32 : wq + n * G * (QK / 2);
+        const int64_t pair_stride = in_tile ? 128 : 32;
+        const uint8_t *last = in_tile ? wq + (n & ~(int64_t)3) * G * 16 + (G - 1) * 64 + (n & 3) * 16
+                                      : wq + n * G * 16 + (G - 1) * 16;
         __m256 acc[MAX_ROWS], acc2[MAX_ROWS];
         for (int64_t r = 0; r < M; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
         int64_t g = 0;
         for (; g + 2 <= G; g += 2) {
-            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g * 16));
-            const __m128i v1 = _mm_loadu_si128((const __m128i *)(wr + g * 16 + 16));
+            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride));
+            const __m128i v1 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride + 16));
             const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
             const __m256i q1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v1, 4), low), _mm_and_si128(v1, low));
             for (int64_t r = 0; r < M; r++) {
@@ -217,8 +234,8 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
                 acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d[g + 1] * dx[r * G + g + 1]), acc2[r]);
             }
         }
-        for (; g < G; g++) {
-            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g * 16));
+        for (; g < G; g++) {  /* the odd last block */
+            const __m128i v0 = _mm_loadu_si128((const __m128i *)last);
             const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
             for (int64_t r = 0; r < M; r++) {
                 const __m256i p0 = _mm256_madd_epi16(
