@@ -212,7 +212,8 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
         float d[MAX_BLOCKS], m[MAX_BLOCKS];
         halfs_to_floats(wd + n * G, d, G);
         halfs_to_floats(wm + n * G, m, G);
-        /* block g's 16 bytes at wr + g * stride + (g odd ? 16 : 0), for a column in a tile or on its own */
+        /* blocks g, g + 1 (g even) at wr + g / 2 * pair_stride, the odd last one at `last`: a column in a tile
+           or one on its own */
         const int in_tile = n < tiled;
         const uint8_t *wr = in_tile ? wq + (n & ~(int64_t)3) * G * 16 + (n & 3) * 32 : wq + n * G * (QK / 2);
         const int64_t pair_stride = in_tile ? 128 : 32;
