@@ -88,10 +88,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         from peers import SYSTEMS_PEERS, LlamaCpp
 
         cls = SYSTEMS_PEERS[system]
-        if cls is LlamaCpp:
-            backend = cls(source, logits_all=wl.has_select)
-        else:
-            backend = cls(source, tokenizer_dir=tokenizer) if system == "hf-transformers" else cls(source)
+        backend = cls(source, logits_all=wl.has_select) if cls is LlamaCpp else cls(source, tokenizer_dir=tokenizer)
 
     # warm up (first-call costs: thread pools, graph setup), then start clean
     from sgnb.backends.base import GenContext
@@ -189,11 +186,16 @@ def _answers(state) -> dict:
 
 
 # ---- parent: run everything, print the table, write JSON -----------------------------------------------------
-def run_pair(workload: str, system: str, args) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", workload, system, "--scale", args.scale,
-           "--model", args.model] + (["--limit", str(args.limit)] if args.limit else []) + (
+def _self_cmd(args, *extra: str) -> list[str]:
+    """This script in a child process, on args' model, engine options and tokenizer."""
+    return [sys.executable, str(Path(__file__).resolve()), *extra, "--model", args.model] + (
         ["--engine-args", args.engine_args] if args.engine_args else []) + (
         ["--tokenizer", args.tokenizer] if args.tokenizer else [])
+
+
+def run_pair(workload: str, system: str, args) -> dict:
+    cmd = _self_cmd(args, "--child", workload, system, "--scale", args.scale) + (
+        ["--limit", str(args.limit)] if args.limit else [])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ.copy())
@@ -266,10 +268,7 @@ def main() -> None:
         # FlashInfer JIT-builds its modules (~80-100 s) and Triton compiles the warm-up's kernels, inside the
         # first children's timeouts otherwise (2026-12-02: every child of a call timed out at 75 s so)
         t0 = time.perf_counter()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--prewarm", "--model", args.model] + (
-            ["--engine-args", args.engine_args] if args.engine_args else []) + (
-            ["--tokenizer", args.tokenizer] if args.tokenizer else [])
-        subprocess.run(cmd, check=False, env=os.environ.copy())
+        subprocess.run(_self_cmd(args, "--prewarm"), check=False, env=os.environ.copy())
         print(f"engine pre-warm (kernel builds and compiles, outside every timing): {time.perf_counter() - t0:.1f} s",
               flush=True)
     t_start = time.perf_counter()

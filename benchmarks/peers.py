@@ -86,36 +86,45 @@ class _Job:
     error: BaseException | None = None
 
 
+def _hf_llama(source: Any, device: Any, dtype: Any, sdpa: bool = False) -> Any:
+    """HF transformers' LlamaForCausalLM on `source`'s weights, on `device` in `dtype`, for the peers. A dummy
+    model gets random weights (normal, std 0.02, so that 32 layers keep finite activations; norms stay 1): a
+    speed baseline whose outputs are noise, like the engine's random weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sgnb.engine.model_loader import load_state_dict
+
+    cfg = LlamaConfig(**source.config.to_hf_dict())
+    if sdpa:
+        cfg._attn_implementation = "sdpa"
+    if source.dummy:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg).to(dtype).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, 0.02)
+    else:
+        model = LlamaForCausalLM(cfg).eval()
+        model.load_state_dict(load_state_dict(source, torch.device("cpu"), torch.float32), strict=False)
+        model = model.to(device, dtype)
+    model.tie_weights()
+    return model
+
+
 class HFTransformers(PeerBackend):
-    """HF transformers' batched generate: fp32 on the CPU, bf16 on a GPU. A dummy model gets random weights
-    (normal, std 0.02, so that 32 layers keep finite activations; norms stay 1): a speed baseline whose
-    outputs are noise, like the engine's random weights."""
+    """HF transformers' batched generate: fp32 on the CPU, bf16 on a GPU (a dummy model: see _hf_llama)."""
 
     def __init__(self, source: Any, max_batch: int = 16, gather_s: float = 0.003,
                  tokenizer_dir: str | None = None) -> None:
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-        from sgnb.engine.model_loader import load_state_dict
+        from transformers import PreTrainedTokenizerFast
 
         super().__init__(source, tokenizer_dir)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        cfg = LlamaConfig(**source.config.to_hf_dict())
-        cfg._attn_implementation = "sdpa"
-        if source.dummy:
-            with torch.device(self.device):
-                model = LlamaForCausalLM(cfg).to(dtype).eval()
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.dim() > 1:
-                        p.normal_(0.0, 0.02)
-        else:
-            model = LlamaForCausalLM(cfg).eval()
-            model.load_state_dict(load_state_dict(source, torch.device("cpu"), torch.float32), strict=False)
-            model = model.to(self.device, dtype)
-        model.tie_weights()
-        self.model = model
+        self.model = _hf_llama(source, self.device, dtype, sdpa=True)
         self.hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_dir / "tokenizer.json"))
         self.hf_tok.pad_token_id, self.hf_tok.padding_side = self.tokenizer.eos_token_ids[0], "left"
         self.max_batch, self.gather_s = max_batch, gather_s
@@ -332,21 +341,16 @@ class LlamaCpp(PeerBackend):
 
 # ---- Guidance ----------------------------------------------------------------------------------------------------
 class Guidance(PeerBackend):
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, tokenizer_dir: str | None = None) -> None:
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
 
-        from sgnb.engine.model_loader import load_state_dict
-
-        super().__init__(source)
+        super().__init__(source, tokenizer_dir)
         import guidance
 
         _patch_guidance_crop()
-        cfg = LlamaConfig(**source.config.to_hf_dict())
-        model = LlamaForCausalLM(cfg).eval()
-        model.load_state_dict(load_state_dict(source, torch.device("cpu"), torch.float32), strict=False)
-        model.tie_weights()
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(source.path / "tokenizer.json"))
+        model = _hf_llama(source, torch.device("cpu"), torch.float32)
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_dir / "tokenizer.json"))
         tok.eos_token, tok.bos_token = "<|im_end|>", "<|im_start|>"
         self.lm = guidance.models.Transformers(model, tok, echo=False, enable_monitoring=False)
         self.lock = threading.Lock()
