@@ -90,15 +90,11 @@ def run_sgnb(model: str, device: str, images, questions, new_tokens: int, radix:
         outs = eng.generate(input_ids=prompts, sampling_params=sp, **media(data))
         wall = time.perf_counter() - t0
         c1 = eng.get_stats()
-        row = {"questions": len(prompts), "seconds": round(wall, 3), "questions_per_s": round(len(prompts) / wall, 3),
-               ("videos_per_s" if video_frames else "images_per_s"): round(len(images) / wall, 3),
-               "cache_hit_rate": round((c1["cached_tokens"] - c0["cached_tokens"])
-                                       / max(c1["prompt_tokens"] - c0["prompt_tokens"], 1), 4),
-               "vision_passes": eng.scheduler.counters.encoded_items - encoded0,
-               "output_ids": [o["output_ids"] for o in outs]}
-        if video_frames:
-            row["frames_per_s"] = round(len(images) * video_frames / wall, 2)
-        return row
+        return {**_rates(len(prompts), len(images), wall, video_frames),
+                "cache_hit_rate": round((c1["cached_tokens"] - c0["cached_tokens"])
+                                        / max(c1["prompt_tokens"] - c0["prompt_tokens"], 1), 4),
+                "vision_passes": eng.scheduler.counters.encoded_items - encoded0,
+                "output_ids": [o["output_ids"] for o in outs]}
     finally:
         eng.shutdown()
         del eng
@@ -166,11 +162,15 @@ def run_hf(model_dir: str, device: str, images, questions, new_tokens: int, fx,
         for q in questions:
             outs.append(one(img, q))
     wall = time.perf_counter() - t0
-    n = len(images) * len(questions)
-    row = {"questions": n, "seconds": round(wall, 3), "questions_per_s": round(n / wall, 3),
-           ("videos_per_s" if video_frames else "images_per_s"): round(len(images) / wall, 3), "output_ids": outs}
+    return {**_rates(len(images) * len(questions), len(images), wall, video_frames), "output_ids": outs}
+
+
+def _rates(questions: int, items: int, wall: float, video_frames: int | None) -> dict:
+    """A system's counts and rates: questions/s, images/s or videos/s, and frames/s for videos."""
+    row = {"questions": questions, "seconds": round(wall, 3), "questions_per_s": round(questions / wall, 3),
+           ("videos_per_s" if video_frames else "images_per_s"): round(items / wall, 3)}
     if video_frames:
-        row["frames_per_s"] = round(len(images) * video_frames / wall, 2)
+        row["frames_per_s"] = round(items * video_frames / wall, 2)
     return row
 
 
