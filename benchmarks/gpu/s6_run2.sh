@@ -10,15 +10,5 @@ timeout ${SUITE_S:-540} python3 -P benchmarks/bench_suite.py --scale gpu --syste
   --workloads ${WORKLOADS:-serving_trace,json_jump_forward,chat_long,llm_judge,skeleton_of_thought,json_regex} \
   --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2 --timeout ${CHILD_S:-75} --out $OUT/suite.json > $OUT/suite.log 2>&1
 echo "suite rc=$? $(( $(date +%s) - t0 ))s"
-python3 - <<'PY'
-import json, os
-try:
-    d = json.load(open(os.environ["OUT"] + "/suite.json"))
-except Exception as e:
-    raise SystemExit(f"no suite.json: {e}")
-for w in d.get("workloads", []):
-    print(w["name"], w["system"], w.get("status"), round(w.get("programs_per_s") or 0, 3), "p50", w.get("latency_p50_s"),
-          "p99", w.get("latency_p99_s"), "rounds", w.get("engine_rounds"), "fwd_s", w.get("forward_seconds"),
-          "steps", w.get("decode_steps"), "wall", w.get("wall_s"), "hit", w.get("cache_hit_rate"), "opt", w.get("optimal_hit_rate"))
-PY
+python3 benchmarks/gpu/suite_summary.py $OUT/suite.json
 grep -E "timeout|Error|Traceback" $OUT/suite.log | head -8

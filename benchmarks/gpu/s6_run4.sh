@@ -19,10 +19,4 @@ timeout ${SUITE_S:-330} python3 -P benchmarks/bench_suite.py --scale gpu --syste
   --engine-args '{"attention_backend": "triton"}' --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2 \
   --timeout ${CHILD_S:-90} --out $OUT/suite.json > $OUT/suite.log 2>&1
 echo "suite rc=$? $(( $(date +%s) - t0 ))s"
-python3 - <<'PY'
-import json, os
-d = json.load(open(os.environ["OUT"] + "/suite.json"))
-for w in d.get("workloads", []):
-    print(w["name"], w["system"], w.get("status"), round(w.get("programs_per_s") or 0, 3), "p50", w.get("latency_p50_s"),
-          "p99", w.get("latency_p99_s"), "steps", w.get("decode_steps"), "wall", w.get("wall_s"), "hit", w.get("cache_hit_rate"))
-PY
+python3 benchmarks/gpu/suite_summary.py $OUT/suite.json
