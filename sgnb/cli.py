@@ -85,6 +85,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     access.add_argument("--max-n", type=int, default=None, metavar="N", help="samples per prompt (default 64)")
     access.add_argument("--max-top-logprobs-num", type=int, default=None, metavar="N",
                         help="top_logprobs_num on /generate (default 64; the OpenAI routes allow 20)")
+    parser.add_argument("--shutdown-grace", type=float, default=None, metavar="SECONDS",
+                        help="on Ctrl-C / SIGTERM, how long requests in flight may run on before they are aborted "
+                             "(a stream then ends with a 503 error event; default 5)")
     parser.add_argument("--incremental-streaming-output", action="store_true",
                         help="as SGLang's flag: /generate stream chunks carry only the new text, output ids and "
                              "output logprobs (default: the text and logprobs so far)")
@@ -96,7 +99,7 @@ def server_options(args: argparse.Namespace) -> Any:
     from sgnb.server import ServerOptions
 
     given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n,
-             "max_top_logprobs_num": args.max_top_logprobs_num}
+             "max_top_logprobs_num": args.max_top_logprobs_num, "shutdown_grace": args.shutdown_grace}
     hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,
                          allowed_hosts=hosts, incremental_streaming_output=args.incremental_streaming_output,
@@ -107,7 +110,10 @@ def _serve(args: argparse.Namespace) -> int:
     from sgnb.engine import Engine
     from sgnb.server import serve
 
-    options = server_options(args)  # bad flags fail before the model loads
+    try:
+        options = server_options(args)  # bad flags fail before the model loads
+    except ValueError as e:
+        raise SystemExit(f"sgnb serve: error: {e}") from None
     try:
         engine = Engine(**engine_kwargs(args))
     except (TypeError, ValueError) as e:  # an option value the engine rejected

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,10 +165,10 @@ def dismiss_dialogs(page: Any) -> None:
         page.wait_for_timeout(300)
 
 
-def run_all_cells(page: Any, started: Callable[[], Any] | None = None, tries: int = 3) -> None:
-    """Run > Run All Cells, until `started()` returns (default: a cell shows it ran or runs, within 20 s): on a
-    loaded machine the first click can land before the notebook panel takes commands."""
-    wait = started or (lambda: page.wait_for_function(STARTED, timeout=20_000))
+def run_all_cells(page: Any, tries: int = 3) -> None:
+    """Run > Run All Cells, until a cell shows it ran or runs (within 20 s of a click): on a loaded machine the
+    first click can land before the notebook panel takes commands. Only the click is retried: once a cell has
+    started, what the cells do next is the caller's to wait for (a retry then would run them all twice)."""
     for _ in range(tries):
         dismiss_dialogs(page)
         try:
@@ -178,7 +178,7 @@ def run_all_cells(page: Any, started: Callable[[], Any] | None = None, tries: in
             page.keyboard.press("Escape")
             continue
         try:
-            wait()
+            page.wait_for_function(STARTED, timeout=20_000)
             return
         except Exception:
             page.keyboard.press("Escape")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +42,11 @@ class ServerOptions:
     max_n: int = 64  # samples per prompt
     max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
     incremental_streaming_output: bool = False
+    shutdown_grace: float = 5.0  # seconds requests in flight may run on once shutdown starts; then aborted
+
+    def __post_init__(self) -> None:
+        if self.shutdown_grace < 0:
+            raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
     def host_allowed(self, host: str) -> bool:
         if "*" in self.allowed_hosts:
@@ -73,7 +80,24 @@ class _Guard:
             if status == 401:
                 response.headers["WWW-Authenticate"] = "Bearer"
             return await response(scope, receive, send)
-        return await self.app(scope, self._bounded(receive), send)
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, self._bounded(receive), tracked)
+        except asyncio.CancelledError:
+            # Only the server cancels a request's task: when shutdown's grace period is over (uvicorn) or as its
+            # loop closes. The handlers aborted their engine requests on the way out (a stream also sent its
+            # last error event); answer a request that got no response yet, and end quietly (re-raised, uvicorn
+            # logs the cancellation as a crash of the application).
+            if not started:
+                with contextlib.suppress(Exception):
+                    await APIError(503, "the server is shutting down: this request was aborted",
+                                   "service_unavailable").response()(scope, receive, send)
 
     def _refusal(self, scope: dict) -> tuple[int, str, str] | None:
         opts = self.options

@@ -84,7 +84,7 @@ def _uvicorn_server(engine: Engine, host: str, port: int, log_level: str, access
 
     options = dataclasses.replace(options or ServerOptions(), bound_host=host)
     config = uvicorn.Config(create_app(engine, options), host=host, port=port, log_level=log_level,
-                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=5)
+                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=options.shutdown_grace)
     return uvicorn.Server(config)
 
 

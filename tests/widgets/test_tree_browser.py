@@ -499,7 +499,8 @@ def test_live_tree_in_jupyterlab_dark_theme(chromium, dark_lab):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
         assert page.evaluate("document.body.dataset.jpThemeLight") == "false"  # the dark theme is on
         page.evaluate(SUMMARIES)
-        run_all_cells(page, started=lambda: page.wait_for_selector(".sgnb-rt-sum", timeout=60_000))
+        run_all_cells(page)
+        page.wait_for_selector(".sgnb-rt-sum", timeout=180_000)  # (the kernel imports torch and loads the model)
         page.wait_for_selector(".jp-OutputArea-output:has-text('work done')", timeout=180_000)
         sums = page.evaluate("window.__sums")
         # the view came after six requests had finished: it counted them from its first picture on
