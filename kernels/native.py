@@ -30,7 +30,7 @@ log = logging.getLogger("sgnb.kernels")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
 BLOCK = 32  # the kernels' quantization block along K
-MAX_ROWS = 16  # rows of x per GEMV call (the kernel keeps one accumulator per row)
+MAX_ROWS = 64  # rows of x per GEMV call (the kernel keeps one accumulator per row)
 MAX_GROUP = 16  # query heads per KV head the decode attention takes
 
 _lock = threading.Lock()
@@ -257,7 +257,7 @@ def linear_fields(layer: torch.nn.Module) -> list[int] | None:
     """A QuantLinear's 4 fields in a decode_layers table (kind, then its packed tensors' addresses), or None
     when it does not run on our kernels."""
     run = getattr(layer, "_native", None)
-    if run is None or getattr(layer, "small_m", 0) < MAX_ROWS:
+    if run is None:
         return None
     if run[0] is q4_gemv:
         return [4, *(t.data_ptr() for t in run[1])]
@@ -270,11 +270,12 @@ def decode_layers(table: torch.Tensor, x: torch.Tensor, final_norm: torch.Tensor
                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_loc: torch.Tensor,
                   req_to_token: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, heads: int, kv_heads: int,
                   head_dim: int, intermediate: int, scale: float) -> torch.Tensor:
-    """A whole decode forward of a Llama-family model (see cpu_decode.c): x (B, hidden) float32 embeddings of
-    one token per request, B <= MAX_ROWS; table (L, LAYER_FIELDS) int64 (the caller keeps every tensor it
-    points to alive); positions, out_loc (the tokens' KV slots), rows (their req_to_token rows) and lens (keys
-    each attends to, its own included) (B,) int64; cos / sin (P, D / 2) float32. Writes each layer's K / V at
-    out_loc and returns the final hidden states (B, hidden), in x's storage."""
+    """A whole forward of a Llama-family model over B <= MAX_ROWS new tokens (see cpu_decode.c): a decode's one
+    token per request, or the tokens of short extends, x (B, hidden) float32 embeddings; table (L, LAYER_FIELDS)
+    int64 (the caller keeps every tensor it points to alive); positions, out_loc (the tokens' KV slots), rows
+    (their req_to_token rows) and lens (keys each attends to, its own included: an extend's row j over a
+    prefix p reads p + j + 1) (B,) int64; cos / sin (P, D / 2) float32. Writes each layer's K / V at out_loc
+    and returns the final hidden states (B, hidden), in x's storage."""
     B, hidden = x.shape
     assert x.dtype == torch.float32 and x.is_contiguous() and 0 < B <= MAX_ROWS, (x.dtype, x.shape)
     assert table.dtype == torch.int64 and table.is_contiguous() and table.shape[1] == LAYER_FIELDS, table.shape

@@ -6,7 +6,7 @@ does) run "int4" and "q8" where they build; torch's weight-only kernels (bf16 ac
 and int8 always. "q8" (int8 in blocks of 32 along K, Q8_0's layout) is the head's mode when the head came from a
 Q8_0 GGUF tensor (the default model's tied embedding), where it holds the weights exactly and reads half of a
 bf16 head's bytes. Our int4 kernel is 2.2-3.2x torch's on the default model's shapes at one row and 1.2-1.6x
-at 2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path up to native.MAX_ROWS rows.
+at 2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path up to NATIVE_SMALL_M rows.
 
 The dense copy is bf16 where the CPU multiplies bf16 natively (AVX512_BF16 / AMX) and float32 elsewhere: on
 the AVX2 EPYC a bf16 GEMM converts every element and ran 4-9x slower than float32 at 16-256 rows (960 x 576 at
@@ -30,6 +30,9 @@ from torch import nn
 
 INT4_GROUP = 32
 SMALL_M = 8  # rows up to which torch's packed kernels beat a dense GEMM (measured crossover ~8-16)
+# rows up to which our kernels run a layer called on its own (the module path); the one-call forward
+# (native.decode_layers) runs them up to native.MAX_ROWS, where no per-layer Python is left to save
+NATIVE_SMALL_M = 16
 MODES = ("int8", "int4", "q8", "bf16")
 LOSSLESS_INT4 = 1e-4  # relative error under which int4 groups reproduce a weight (weights from a Q4 GGUF)
 
@@ -122,7 +125,7 @@ class QuantLinear(nn.Module):
                 self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
                 weight = dequantize(mode, {"q": q, "scale": scale, "zero": zero})
         if small_m is None:
-            small_m = native.MAX_ROWS if self._native is not None else SMALL_M
+            small_m = NATIVE_SMALL_M if self._native is not None else SMALL_M
         self.small_m = small_m
         # the large-batch path multiplies by the SAME quantized weights (dequantized): a request's logits then
         # differ between batch sizes by rounding only, not by quantization error

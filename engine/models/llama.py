@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
+from sgnb.engine.forward_batch import ForwardBatch
 from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.tensor_parallel import TPGroup
 from sgnb.kernels.activation import silu_and_mul
@@ -172,6 +172,7 @@ class LlamaForCausalLM(nn.Module):
         # (kernels/native.decode_layers); False: always the module path (tests compare the two)
         self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
         self.fused_steps = 0  # decode forwards that took it
+        self.fused_max_tokens = 64  # the most new tokens (rows) a forward takes it with (<= native.MAX_ROWS)
         self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
 
     def tie_weights(self) -> None:
@@ -190,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states after the final norm for every new token: (T, hidden). Rows fb.mm_rows take the
         encoder features fb.mm_embeds instead of a token embedding (a multimodal model's image tokens)."""
         assert self.rope_cos is not None and self.rope_sin is not None, "load or init weights first"
-        if fb.mode is ForwardMode.DECODE and self.fused_decode and fb.mm_rows is None:
+        if self.fused_decode and fb.mm_rows is None:
             out = self._fused_decode(fb)
             if out is not None:
                 return out
@@ -206,26 +207,29 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x, residual)[0]
 
     def _fused_decode(self, fb: ForwardBatch) -> torch.Tensor | None:
-        """The decode forward in one call of our C kernel, or None where it does not apply: weights or KV not
-        on its formats, more rows than it takes, an attention backend without our kernel's plan."""
+        """A decode or short extend forward in one call of our C kernel, one row per new token, or None where it
+        does not apply: weights or KV not on its formats, more tokens than it takes, an attention backend
+        without our kernel's plan."""
         from sgnb.engine.attention.torch_backend import _NativePlan
         from sgnb.kernels import native
 
-        # the attention backend's plan says our attention kernel runs this batch; its cascades (a prefix shared
-        # by a group, read once) are not taken: each row reads all its keys, which at <= 16 rows costs less
-        # than the module path's per-layer Python (forked programs decode as such groups)
-        if not isinstance(fb.attn_metadata, _NativePlan) or fb.batch_size > native.MAX_ROWS:
+        # the attention backend's plan says our attention kernel runs this batch (a decode, or an extend whose
+        # rows read few keys of their own: a fork's prompt, select's choices, the next step of a program); its
+        # cascades (a prefix shared by a group, read once) are not taken: each row reads all its keys, which at
+        # these sizes costs less than the module path's per-layer Python (forked programs run as such groups)
+        plan = fb.attn_metadata
+        if not isinstance(plan, _NativePlan) or len(plan.rows) > min(self.fused_max_tokens, native.MAX_ROWS):
             return None
         table = self._decode_table(fb)
         if table is None:
             return None
         attn = self.model.layers[0].self_attn
-        x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (B, hidden)
+        x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (T, hidden)
         self.fused_steps += 1
         return native.decode_layers(table, x, self.model.norm.weight, self.model.norm.eps, fb.positions,
                                     self.rope_cos, self.rope_sin, fb.out_cache_loc, fb.req_to_token,
-                                    fb.req_pool_indices, fb.seq_lens, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                    self.tp.layout.intermediate_size, attn.scale)
+                                    plan.rows, plan.starts + plan.lens, attn.num_heads, attn.num_kv_heads,
+                                    attn.head_dim, self.tp.layout.intermediate_size, attn.scale)
 
     def _decode_table(self, fb: ForwardBatch) -> torch.Tensor | None:
         """decode_layers' table of this model over fb's KV pool (built once per pool), or None when a weight

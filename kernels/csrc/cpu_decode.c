@@ -8,7 +8,11 @@
    in integers, eight lanes at a time; a float dequantize-and-FMA kernel, or a bf16 GEMM on a machine without
    native bf16, spends its time converting instead.
 
-   Threads split the output columns; weights are read once per call whatever M is.
+   Threads split the output columns; weights are read once per call whatever M is. Several rows are
+   compute-bound (the integer multiplies' ports): there each unpacked weight block serves four rows and each
+   row's block two columns, the accumulators in registers (a 576 x 5184 layer set at 16 rows: 57 -> 39 us a
+   row on the AVX-512 Xeon of 2026-12-02, AVX2 code; a dense fp32 GEMM then wins from ~24 rows with the
+   weights in cache).
 
    Built by sgnb.kernels.native with the system C compiler on first use; the Python side checks shapes, and
    the engine uses torch's kernels where this cannot be built. */
@@ -56,7 +60,37 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
     }
 }
 
-#define MAX_ROWS 16
+#define MAX_ROWS 64
+
+/* y[r][n], y[r][n + 1] for rows r0 .. r0 + R - 1 of a Q8_0 weight (see sgnb_q8_gemv) */
+static inline __attribute__((always_inline)) void q8_two_columns(const int8_t *wq, const float *wd, const int8_t *xq,
+                                                                 const float *dx, float *y, int64_t n, int64_t r0,
+                                                                 const int R, int64_t K, int64_t N) {
+    const int64_t G = K / QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *w0 = wq + n * K, *w1 = w0 + K;
+    const float *d0 = wd + n * G, *d1 = d0 + G;
+    __m256 acc0[4], acc1[4];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(w0 + g * QK));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(w1 + g * QK));
+        const __m256i ua = _mm256_sign_epi8(a, a), ub = _mm256_sign_epi8(b, b);  /* |w|; w's sign moves to x */
+        const __m256 da = _mm256_set1_ps(d0[g]), db = _mm256_set1_ps(d1[g]);
+        for (int r = 0; r < R; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * K + g * QK));
+            const __m256 dr = _mm256_set1_ps(dx[(r0 + r) * G + g]);
+            const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(xv, a)), ones);
+            const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(ub, _mm256_sign_epi8(xv, b)), ones);
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(da, dr), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(db, dr), acc1[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        y[(r0 + r) * N + n] = hsum8(acc0[r]);
+        y[(r0 + r) * N + n + 1] = hsum8(acc1[r]);
+    }
+}
 
 int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, int64_t M, int64_t K, int64_t N,
                  int nthreads) {
@@ -67,8 +101,26 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
     if (!xq || !dx) { free(xq); free(dx); return 2; }
     quantize_rows(x, M, K, xq, dx);
     const __m256i ones = _mm256_set1_epi16(1);
+    int64_t first_col = 0;
+    if (M > 1) {
+        /* several rows: two columns against up to four rows at a time, each weight block loaded once for the
+           rows and each row's block once for both columns, the accumulators in registers */
+        const int64_t N2 = N / 2 * 2;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = 0; n < N2; n += 2)
+            for (int64_t r0 = 0; r0 < M; r0 += 4) {
+                const int R = M - r0 < 4 ? (int)(M - r0) : 4;
+                switch (R) {  /* a constant R for each inlined copy: its loops unroll */
+                case 4: q8_two_columns(wq, wd, xq, dx, y, n, r0, 4, K, N); break;
+                case 3: q8_two_columns(wq, wd, xq, dx, y, n, r0, 3, K, N); break;
+                case 2: q8_two_columns(wq, wd, xq, dx, y, n, r0, 2, K, N); break;
+                default: q8_two_columns(wq, wd, xq, dx, y, n, r0, 1, K, N); break;
+                }
+            }
+        first_col = N2;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = first_col; n < N; n++) {
         __m256 acc[MAX_ROWS];
         for (int64_t r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();
         const int8_t *wr = wq + n * K;
@@ -112,6 +164,60 @@ static inline void halfs_to_floats(const uint16_t *h, float *f, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
     for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+}
+
+/* Several rows (M > 1): two columns of a tile against R <= 4 rows at a time, each pair of blocks unpacked once
+   for the R rows and each row's activations loaded once for both columns, the 2 x R accumulators in registers.
+   xp holds each row's activations in the tiles' pair order (as the one-row kernel's), dxp each row's pair
+   scales [dx_g x4, dx_g+1 x4]; d0 / d1 the two columns' block scales as floats. out[c][r]: the q terms' sums. */
+static inline __attribute__((always_inline)) void q4_two_columns(const uint8_t *tile, int64_t c0, int64_t G,
+                                                                 const float *d0, const float *d1, const int8_t *xp,
+                                                                 const float *dxp, const int8_t *xq, const float *dx,
+                                                                 int64_t r0, const int R, int64_t K,
+                                                                 float out[2][4]) {
+    const __m256i ones = _mm256_set1_epi16(1), low8 = _mm256_set1_epi8(0x0F);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const int64_t P = G / 2;
+    __m256 acc0[4], acc1[4];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < P; p++) {
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(tile + p * 128 + c0 * 32));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(tile + p * 128 + c0 * 32 + 32));
+        const __m256i lo0 = _mm256_and_si256(v0, low8), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low8);
+        const __m256i lo1 = _mm256_and_si256(v1, low8), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low8);
+        const __m256 s0 = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(d0 + 2 * p)))), spread);
+        const __m256 s1 = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(d1 + 2 * p)))), spread);
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = xp + (r0 + r) * K + p * 64;
+            const __m256i xa = _mm256_load_si256((const __m256i *)xr), xb = _mm256_load_si256((const __m256i *)(xr + 32));
+            const __m256 dr = _mm256_load_ps(dxp + ((r0 + r) * P + p) * 8);
+            const __m256i p0 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo0, xa),
+                                                                  _mm256_maddubs_epi16(hi0, xb)), ones);
+            const __m256i p1 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo1, xa),
+                                                                  _mm256_maddubs_epi16(hi1, xb)), ones);
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s0, dr), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s1, dr), acc1[r]);
+        }
+    }
+    if (G % 2) {  /* the odd last block: 16 bytes per column after the pairs, codes in x's order */
+        const int64_t g = G - 1;
+        const __m128i v0 = _mm_loadu_si128((const __m128i *)(tile + g * 64 + c0 * 16));
+        const __m128i v1 = _mm_loadu_si128((const __m128i *)(tile + g * 64 + c0 * 16 + 16));
+        const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
+        const __m256i q1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v1, 4), low), _mm_and_si128(v1, low));
+        for (int r = 0; r < R; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * K + g * QK));
+            const float dr = dx[(r0 + r) * G + g];
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q0, xv), ones)),
+                                      _mm256_set1_ps(d0[g] * dr), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q1, xv), ones)),
+                                      _mm256_set1_ps(d1[g] * dr), acc1[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) { out[0][r] = hsum8(acc0[r]); out[1][r] = hsum8(acc1[r]); }
 }
 
 int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int64_t M,
@@ -206,19 +312,58 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
         if (N4 == N) { free(xq); free(dx); free(sx); return 0; }
         wq += N4 * G * 16; wd += N4 * G; wm += N4 * G; y += N4; N -= N4;  /* the last columns below */
     }
-    const int64_t tiled = M == 1 ? 0 : N / 4 * 4;  /* columns [0, tiled) are in tiles of four */
+    int64_t first_col = 0;  /* columns from here on are on their own (the tiles' last N % 4 columns) */
+    if (M > 1 && N >= 4) {
+        const int64_t N4 = N / 4 * 4, P = G / 2;
+        int8_t *xp = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
+        float *dxp = aligned_alloc(64, sizeof(float) * (size_t)((M * P * 8 + 15) / 16 * 16 + 16));
+        if (!xp || !dxp) { free(xp); free(dxp); free(xq); free(dx); free(sx); return 2; }
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t p = 0; p < P; p++) {
+                const int8_t *a = xq + r * K + 2 * p * QK, *b = a + QK;
+                int8_t *o = xp + r * K + p * 64;
+                for (int j = 0; j < 16; j++) { o[j] = a[j]; o[16 + j] = b[j]; o[32 + j] = a[16 + j]; o[48 + j] = b[16 + j]; }
+                for (int j = 0; j < 4; j++) { dxp[(r * P + p) * 8 + j] = dx[r * G + 2 * p]; dxp[(r * P + p) * 8 + 4 + j] = dx[r * G + 2 * p + 1]; }
+            }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = 0; n < N4; n += 4) {
+            float d[4][MAX_BLOCKS], m[4][MAX_BLOCKS];
+            for (int c = 0; c < 4; c++) { halfs_to_floats(wd + (n + c) * G, d[c], G); halfs_to_floats(wm + (n + c) * G, m[c], G); }
+            const uint8_t *tile = wq + n * G * 16;
+            for (int64_t c0 = 0; c0 < 4; c0 += 2)
+                for (int64_t r0 = 0; r0 < M; r0 += 4) {
+                    float out[2][4];
+                    const int R = M - r0 < 4 ? (int)(M - r0) : 4;
+                    switch (R) {  /* a constant R for each copy of the inlined kernel: its loops unroll */
+                    case 4: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 4, K, out); break;
+                    case 3: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 3, K, out); break;
+                    case 2: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 2, K, out); break;
+                    default: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 1, K, out); break;
+                    }
+                    for (int c = 0; c < 2; c++)
+                        for (int r = 0; r < R; r++) {  /* + the m terms: sum over blocks of m dx sum(xq) */
+                            const float *mc = m[c0 + c], *sr = sx + (r0 + r) * G;
+                            __m256 t8 = _mm256_setzero_ps();
+                            int64_t g = 0;
+                            for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(mc + g), _mm256_loadu_ps(sr + g), t8);
+                            float t = hsum8(t8);
+                            for (; g < G; g++) t += mc[g] * sr[g];
+                            y[(r0 + r) * N + n + c0 + c] = out[c][r] + t;
+                        }
+                }
+        }
+        free(xp); free(dxp);
+        first_col = N4;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = first_col; n < N; n++) {
         float d[MAX_BLOCKS], m[MAX_BLOCKS];
         halfs_to_floats(wd + n * G, d, G);
         halfs_to_floats(wm + n * G, m, G);
-        /* blocks g, g + 1 (g even) at wr + g / 2 * pair_stride, the odd last one at `last`: a column in a tile
-           or one on its own */
-        const int in_tile = n < tiled;
-        const uint8_t *wr = in_tile ? wq + (n & ~(int64_t)3) * G * 16 + (n & 3) * 32 : wq + n * G * (QK / 2);
-        const int64_t pair_stride = in_tile ? 128 : 32;
-        const uint8_t *last = in_tile ? wq + (n & ~(int64_t)3) * G * 16 + (G - 1) * 64 + (n & 3) * 16
-                                      : wq + n * G * 16 + (G - 1) * 16;
+        /* a column on its own: blocks g, g + 1 (g even) at wr + g / 2 * 32, the odd last one at `last` */
+        const uint8_t *wr = wq + n * G * (QK / 2);
+        const int64_t pair_stride = 32;
+        const uint8_t *last = wq + n * G * 16 + (G - 1) * 16;
         __m256 acc[MAX_ROWS], acc2[MAX_ROWS];
         for (int64_t r = 0; r < M; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
         int64_t g = 0;
@@ -400,11 +545,13 @@ int sgnb_paged_decode(const float *q, const float *k_buf, const float *v_buf, co
 
 /* ---- a whole decode forward of a Llama-family model ------------------------------------------------------
 
-   B decode tokens (B <= MAX_ROWS, one per request) through every layer, with the layers' linears on the GEMVs
+   B new tokens (B <= MAX_ROWS: one per request in a decode, or each token of a short extend) through every
+   layer, with the layers' linears on the GEMVs
    above: the sequence the Python model runs (kernels/*, engine/models/llama.py) in one call, without the ~50
    torch ops and module calls per layer that cost a CPU decode step more than its arithmetic. Per layer:
    h = rmsnorm(x + residual); qkv = h Wqkv (+ bias); rotate q and k (rotate-half, the tables at each token's
-   position); store k, v at the token's slot; attention over the request's keys (paged_decode); residual +=
+   position); store k, v at the token's slot (every row's, before any attends); attention over the keys of
+   the row's request up to its own (paged_decode: lens[b], so an extend's rows are causal); residual +=
    o_proj; h = rmsnorm(residual); x = down(silu(gate) * up). Then out = rmsnorm(x + residual) of the last layer.
 
    `table` holds one row of LAYER_FIELDS int64 per layer: pointers and the kind of each linear (4: q4, its

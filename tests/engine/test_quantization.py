@@ -64,11 +64,13 @@ def test_prompt_logprobs_stay_close_to_fp32(engine, quantized):
         ids = engine.tokenizer.encode(p)
         diffs.append((_prompt_logprobs(quantized, ids) - _prompt_logprobs(engine, ids)).abs())
     d = torch.cat(diffs)
-    # auto: int4 is exact for these linears and the head is bf16, so what is left is bf16 rounding; int8
-    # re-quantizes weights that sit on a 4-bit grid onto a per-row 8-bit one (~1% weight error)
+    # auto: int4 is exact for these linears and the head holds its Q8_0 weights exactly; these prompts are
+    # short (<= 64 tokens), so they run the one-call CPU forward, whose GEMVs round the activations to int8 per
+    # block of 32 as decode does (0.051 measured on 2026-12-02; under 0.04 when every prompt took the dense
+    # copy). int8 re-quantizes weights that sit on a 4-bit grid onto a per-row 8-bit one (~1% weight error)
     auto = quantized.get_stats()["quantization"].startswith("auto")
     print(f"mean |logprob diff| vs fp32: {d.mean():.4f} (max {d.max():.3f})")
-    assert d.mean() < (0.04 if auto else 0.1), d.mean()
+    assert d.mean() < (0.07 if auto else 0.1), d.mean()
     assert d.max() < 1.0, d.max()
 
 

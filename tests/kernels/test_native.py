@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from sgnb.kernels import native
-from sgnb.kernels.quant_linear import QuantLinear, choose_mode, q8_is_lossless, quantize_int4
+from sgnb.kernels.quant_linear import NATIVE_SMALL_M, QuantLinear, choose_mode, q8_is_lossless, quantize_int4
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels: {native.unavailable_reason()}")
 
@@ -66,7 +66,7 @@ def _rows_seen(x: torch.Tensor) -> torch.Tensor:
 
 
 @needs_native
-@pytest.mark.parametrize("m", [1, 2, 5, native.MAX_ROWS])
+@pytest.mark.parametrize("m", [1, 2, 5, 7, native.MAX_ROWS])  # rows in fours and a last 1, 2 or 3
 @pytest.mark.parametrize("n,k", [(7, 32), (200, 576), (1030, 1536), (1032, 64), (12, 96), (9, 224)])
 def test_q4_gemv_equals_reference(m, n, k):
     """Widths that are and are not multiples of the one-row kernel's four columns (its tiles), one block and
@@ -94,7 +94,7 @@ def test_q8_gemv_rejects_what_it_cannot_run():
 
 
 @needs_native
-@pytest.mark.parametrize("m", [1, native.MAX_ROWS, native.MAX_ROWS + 3])
+@pytest.mark.parametrize("m", [1, NATIVE_SMALL_M, NATIVE_SMALL_M + 3])
 def test_q8_layer_holds_a_q8_weight_exactly(m):
     """The head's mode: decode-sized batches run the kernel, larger ones the dense copy of the same weights."""
     lin = nn.Linear(576, 300, bias=False)
@@ -108,7 +108,7 @@ def test_q8_layer_holds_a_q8_weight_exactly(m):
     assert got.shape == (m, 300) and got.dtype == torch.float32
     rel = ((got - exact).norm() / exact.norm()).item()
     assert rel < 0.02, rel
-    assert layer.small_m == native.MAX_ROWS
+    assert layer.small_m == NATIVE_SMALL_M
     if m <= layer.small_m:
         torch.testing.assert_close(got, native.q8_gemv(x, *native.quantize_q8(lin.weight)))
     else:
@@ -116,16 +116,16 @@ def test_q8_layer_holds_a_q8_weight_exactly(m):
 
 
 @needs_native
-@pytest.mark.parametrize("m", [1, 4, native.MAX_ROWS, native.MAX_ROWS + 1])
+@pytest.mark.parametrize("m", [1, 4, NATIVE_SMALL_M, NATIVE_SMALL_M + 1])
 def test_int4_layer_runs_our_kernel_up_to_its_rows_and_the_dense_copy_above(m):
     lin = nn.Linear(576, 200, bias=True)
     layer = QuantLinear(lin, "int4")
-    assert layer.small_m == native.MAX_ROWS and "ours" in layer.extra_repr()
+    assert layer.small_m == NATIVE_SMALL_M and "ours" in layer.extra_repr()
     x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
     got = layer(x)
-    w_held = layer.weight_dense.float()
+    w_held = layer.weight_dense.float()  # (bf16 where the CPU has native bf16: rounded)
     if m <= layer.small_m:
-        ref = _rows_seen(x) @ w_held.t() + lin.bias.detach()
+        ref = _rows_seen(x) @ native.unpack_q4(*layer._native[1]).t() + lin.bias.detach()
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     else:
         torch.testing.assert_close(got, x @ w_held.t() + lin.bias.detach(), atol=1e-2, rtol=1e-2)
