@@ -41,7 +41,10 @@ BENCH_STAMP := $(VENV)/.sgnb-bench-installed
 bench-setup: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) llama-cpp-python==0.3.36 guidance==0.3.1
+	# llama.cpp for this CPU's SIMD extensions but not AMX (a native build crashed on the AMX Xeons we are lent)
+	CMAKE_ARGS="$$($(BIN)/python benchmarks/llama_cpp_cmake_args.py)" $(BIN)/pip install -q --no-cache-dir \
+		-c $(CONSTRAINTS) llama-cpp-python==0.3.36
+	$(BIN)/pip install -q -c $(CONSTRAINTS) guidance==0.3.1
 	touch $(BENCH_STAMP)
 
 # the suite: every workload on sgnb, its ablations and the peers; prints a table, writes benchmarks/results/<date>-cpu.json;

@@ -30,7 +30,7 @@ log = logging.getLogger("sgnb.kernels")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
 BLOCK = 32  # the kernels' quantization block along K
-MAX_ROWS = 64  # rows of x per GEMV call (the kernel keeps one accumulator per row)
+MAX_ROWS = 128  # rows of x per GEMV call (the kernel keeps one accumulator per row)
 MAX_GROUP = 16  # query heads per KV head the decode attention takes
 
 _lock = threading.Lock()
@@ -90,9 +90,38 @@ def _build() -> ctypes.CDLL:
                                       ctypes.c_float, ptr, ptr, i32]
     lib.sgnb_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr, i64, ptr,
                                        ptr, i64, i64, i64, i64, i64, ctypes.c_float, i32]
-    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode):
+    lib.sgnb_set_isa.argtypes = [i32]
+    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode,
+              lib.sgnb_set_isa):
         f.restype = i32
     return lib
+
+
+ISAS = ("avx2", "avx512-vnni")  # the several-row GEMVs' kernels, in sgnb_set_isa's order
+
+
+_isa = ISAS[0]
+
+
+def _apply_isa(lib: ctypes.CDLL, name: str) -> str:
+    global _isa
+    if name != "auto" and name not in ISAS:
+        raise ValueError(f"unknown kernel set {name!r} (SGNB_NATIVE_ISA): expected auto or one of {ISAS}")
+    _isa = ISAS[lib.sgnb_set_isa(len(ISAS) - 1 if name == "auto" else ISAS.index(name))]
+    return _isa
+
+
+def set_isa(name: str) -> str:
+    """Use the several-row GEMV kernels of `name` (ISAS; "auto": the best the CPU has) from now on, in every
+    engine of this process; returns the one taken (avx2 where the CPU lacks what was asked). The default is
+    $SGNB_NATIVE_ISA, else auto."""
+    return _apply_isa(_need(), name)
+
+
+def isa() -> str:
+    """The several-row GEMVs' kernels in use (ISAS)."""
+    _need()
+    return _isa
 
 
 def set_enabled(on: bool) -> None:
@@ -120,6 +149,8 @@ def library() -> ctypes.CDLL | None:
                 _lib = _build()
             except Exception as e:  # no compiler, a failed build, a sandbox without /tmp: torch's kernels instead
                 _why_not = f"build failed: {e}"
+            else:
+                _apply_isa(_lib, os.environ.get("SGNB_NATIVE_ISA", "auto"))
         if _why_not:
             log.info("native CPU kernels unavailable (%s): quantized linears use torch's kernels", _why_not)
         _tried = True

@@ -172,7 +172,7 @@ class LlamaForCausalLM(nn.Module):
         # (kernels/native.decode_layers); False: always the module path (tests compare the two)
         self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
         self.fused_steps = 0  # decode forwards that took it
-        self.fused_max_tokens = 64  # the most new tokens (rows) a forward takes it with (<= native.MAX_ROWS)
+        self.fused_max_tokens = 128  # the most new tokens (rows) a forward takes it with (<= native.MAX_ROWS)
         self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
 
     def tie_weights(self) -> None:

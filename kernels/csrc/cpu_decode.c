@@ -60,7 +60,77 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
     }
 }
 
-#define MAX_ROWS 64
+#define MAX_ROWS 128
+
+/* Which kernels the several-row GEMVs use: AVX2 everywhere, AVX-512 VNNI where the CPU and the OS have it
+   (sgnb_set_isa, called once by the Python side: it asks, the CPU decides). */
+enum { ISA_AVX2 = 0, ISA_AVX512_VNNI = 1 };
+static int isa = ISA_AVX2;
+
+int sgnb_set_isa(int level) {
+    __builtin_cpu_init();
+    const int have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                     __builtin_cpu_supports("avx512vnni");
+    isa = (level >= ISA_AVX512_VNNI && have) ? ISA_AVX512_VNNI : ISA_AVX2;
+    return isa;
+}
+
+#define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+/* Four Q8_0 columns n .. n + 3 against R <= 4 rows with AVX-512 VNNI. vpdpbusd multiplies unsigned by signed
+   bytes: the weights go in as w + 128 (w ^ 0x80), and 128 sum(x) per block comes off at the end (sx: each row
+   block's dx sum(xq)). Lanes 0-7 / 8-15 of a product are the first / second column of a pair. */
+static inline __attribute__((always_inline)) AVX512_VNNI void q8_tile_vnni(
+        const int8_t *wq, const float *wd, const int8_t *xq, const float *dx, const float *sx, float *y, int64_t n,
+        int64_t r0, const int R, int64_t K, int64_t N) {
+    const int64_t G = K / QK;
+    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    __m512 acc0[4], acc1[4];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int8_t *w = wq + n * K + g * QK;
+        const __m512i a = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(
+            _mm256_loadu_si256((const __m256i *)w)), _mm256_loadu_si256((const __m256i *)(w + K)), 1), flip);
+        const __m512i b = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(
+            _mm256_loadu_si256((const __m256i *)(w + 2 * K))), _mm256_loadu_si256((const __m256i *)(w + 3 * K)), 1), flip);
+        const __m512 sa = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd[n * G + g])),
+                                             _mm256_set1_ps(wd[(n + 1) * G + g]), 1);
+        const __m512 sb = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd[(n + 2) * G + g])),
+                                             _mm256_set1_ps(wd[(n + 3) * G + g]), 1);
+        for (int r = 0; r < R; r++) {
+            const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * K + g * QK)));
+            const __m512 dr = _mm512_set1_ps(dx[(r0 + r) * G + g]);
+            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, a, xv)), _mm512_mul_ps(sa, dr), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, b, xv)), _mm512_mul_ps(sb, dr), acc1[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256 h[4] = {_mm512_castps512_ps256(acc0[r]), _mm512_extractf32x8_ps(acc0[r], 1),
+                             _mm512_castps512_ps256(acc1[r]), _mm512_extractf32x8_ps(acc1[r], 1)};
+        const float *sr = sx + (r0 + r) * G;
+        for (int c = 0; c < 4; c++) {
+            const float *dc = wd + (n + c) * G;
+            __m256 t8 = _mm256_setzero_ps();
+            int64_t g = 0;
+            for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(dc + g), _mm256_loadu_ps(sr + g), t8);
+            float t = hsum8(t8);
+            for (; g < G; g++) t += dc[g] * sr[g];
+            y[(r0 + r) * N + n + c] = hsum8(h[c]) - 128.0f * t;
+        }
+    }
+}
+
+static void AVX512_VNNI q8_tile_rows_vnni(const int8_t *wq, const float *wd, const int8_t *xq, const float *dx,
+                                          const float *sx, float *y, int64_t n, int64_t r0, int R, int64_t K,
+                                          int64_t N) {
+    switch (R) {  /* a constant R for each inlined copy: its loops unroll */
+    case 4: q8_tile_vnni(wq, wd, xq, dx, sx, y, n, r0, 4, K, N); break;
+    case 3: q8_tile_vnni(wq, wd, xq, dx, sx, y, n, r0, 3, K, N); break;
+    case 2: q8_tile_vnni(wq, wd, xq, dx, sx, y, n, r0, 2, K, N); break;
+    default: q8_tile_vnni(wq, wd, xq, dx, sx, y, n, r0, 1, K, N); break;
+    }
+}
 
 /* y[r][n], y[r][n + 1] for rows r0 .. r0 + R - 1 of a Q8_0 weight (see sgnb_q8_gemv) */
 static inline __attribute__((always_inline)) void q8_two_columns(const int8_t *wq, const float *wd, const int8_t *xq,
@@ -102,7 +172,22 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
     quantize_rows(x, M, K, xq, dx);
     const __m256i ones = _mm256_set1_epi16(1);
     int64_t first_col = 0;
-    if (M > 1) {
+    if (M > 1 && isa == ISA_AVX512_VNNI && N >= 4) {
+        const int64_t N4 = N / 4 * 4;
+        float *sx = malloc(sizeof(float) * (size_t)(M * G));
+        if (!sx) { free(xq); free(dx); return 2; }
+        for (int64_t i = 0; i < M * G; i++) {
+            int t = 0;
+            for (int j = 0; j < QK; j++) t += xq[i * QK + j];
+            sx[i] = (float)t * dx[i];
+        }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t n = 0; n < N4; n += 4)
+            for (int64_t r0 = 0; r0 < M; r0 += 4)
+                q8_tile_rows_vnni(wq, wd, xq, dx, sx, y, n, r0, M - r0 < 4 ? (int)(M - r0) : 4, K, N);
+        free(sx);
+        first_col = N4;
+    } else if (M > 1) {
         /* several rows: two columns against up to four rows at a time, each weight block loaded once for the
            rows and each row's block once for both columns, the accumulators in registers */
         const int64_t N2 = N / 2 * 2;
@@ -220,6 +305,77 @@ static inline __attribute__((always_inline)) void q4_two_columns(const uint8_t *
     for (int r = 0; r < R; r++) { out[0][r] = hsum8(acc0[r]); out[1][r] = hsum8(acc1[r]); }
 }
 
+/* A whole tile (four columns) against R <= 4 rows with AVX-512 VNNI: one 64-byte load holds a pair of blocks of
+   two columns, vpdpbusd multiplies its codes by the row's activations (broadcast to both halves) and sums in
+   int32 (no int16 step); lanes 0-3 / 4-7 / 8-11 / 12-15 are block g and g + 1 of the first column, then of the
+   second. out[c][r] as q4_two_columns'. */
+
+static inline __attribute__((always_inline)) AVX512_VNNI void q4_tile_vnni(
+        const uint8_t *tile, int64_t G, float d[4][MAX_BLOCKS], const int8_t *xp, const float *dxp,
+        const int8_t *xq, const float *dx, int64_t r0, const int R, int64_t K, float out[4][4]) {
+    const __m512i low = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    /* [d0_g x4, d0_g+1 x4, d1_g x4, d1_g+1 x4] from the pair's (d0_g, d0_g+1, d1_g, d1_g+1) */
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int64_t P = G / 2;
+    __m512 acc0[4], acc1[4];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < P; p++) {
+        const __m512i v0 = _mm512_loadu_si512((const void *)(tile + p * 128));
+        const __m512i v1 = _mm512_loadu_si512((const void *)(tile + p * 128 + 64));
+        const __m512i lo0 = _mm512_and_si512(v0, low), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low);
+        const __m512i lo1 = _mm512_and_si512(v1, low), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
+        const __m128 e0 = _mm_setr_ps(d[0][2 * p], d[0][2 * p + 1], d[1][2 * p], d[1][2 * p + 1]);
+        const __m128 e1 = _mm_setr_ps(d[2][2 * p], d[2][2 * p + 1], d[3][2 * p], d[3][2 * p + 1]);
+        const __m512 s0 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(e0));
+        const __m512 s1 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(e1));
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = xp + (r0 + r) * K + p * 64;
+            const __m512i xa = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)xr));
+            const __m512i xb = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xr + 32)));
+            const __m512 dr = _mm512_broadcast_f32x8(_mm256_load_ps(dxp + ((r0 + r) * P + p) * 8));
+            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo0, xa), hi0, xb);
+            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo1, xa), hi1, xb);
+            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s0, dr), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s1, dr), acc1[r]);
+        }
+    }
+    float tail[4][4] = {{0}};
+    if (G % 2) {  /* the odd last block: the tile's four columns' 16 bytes, one 64-byte load; codes in x's order */
+        const int64_t g = G - 1;
+        const __m512i v = _mm512_loadu_si512((const void *)(tile + g * 64));
+        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = xq + (r0 + r) * K + g * QK;
+            const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xr));
+            const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xr + 16)));
+            int32_t lanes[16];
+            _mm512_storeu_si512((void *)lanes, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, xl), hi, xh));
+            const float dr = dx[(r0 + r) * G + g];
+            for (int c = 0; c < 4; c++)
+                tail[c][r] = (float)(lanes[4 * c] + lanes[4 * c + 1] + lanes[4 * c + 2] + lanes[4 * c + 3]) * d[c][g] * dr;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256 a0 = _mm512_castps512_ps256(acc0[r]), a1 = _mm512_extractf32x8_ps(acc0[r], 1);
+        const __m256 b0 = _mm512_castps512_ps256(acc1[r]), b1 = _mm512_extractf32x8_ps(acc1[r], 1);
+        out[0][r] = hsum8(a0) + tail[0][r];
+        out[1][r] = hsum8(a1) + tail[1][r];
+        out[2][r] = hsum8(b0) + tail[2][r];
+        out[3][r] = hsum8(b1) + tail[3][r];
+    }
+}
+
+static void AVX512_VNNI q4_tile_rows_vnni(const uint8_t *tile, int64_t G, float d[4][MAX_BLOCKS], const int8_t *xp,
+                                          const float *dxp, const int8_t *xq, const float *dx, int64_t r0, int R,
+                                          int64_t K, float out[4][4]) {
+    switch (R) {  /* a constant R for each inlined copy: its loops unroll */
+    case 4: q4_tile_vnni(tile, G, d, xp, dxp, xq, dx, r0, 4, K, out); break;
+    case 3: q4_tile_vnni(tile, G, d, xp, dxp, xq, dx, r0, 3, K, out); break;
+    case 2: q4_tile_vnni(tile, G, d, xp, dxp, xq, dx, r0, 2, K, out); break;
+    default: q4_tile_vnni(tile, G, d, xp, dxp, xq, dx, r0, 1, K, out); break;
+    }
+}
+
 int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int64_t M,
                  int64_t K, int64_t N, int nthreads) {
     if (M > MAX_ROWS || K % QK || K / QK > MAX_BLOCKS) return 1;
@@ -330,27 +486,34 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
             float d[4][MAX_BLOCKS], m[4][MAX_BLOCKS];
             for (int c = 0; c < 4; c++) { halfs_to_floats(wd + (n + c) * G, d[c], G); halfs_to_floats(wm + (n + c) * G, m[c], G); }
             const uint8_t *tile = wq + n * G * 16;
-            for (int64_t c0 = 0; c0 < 4; c0 += 2)
-                for (int64_t r0 = 0; r0 < M; r0 += 4) {
-                    float out[2][4];
-                    const int R = M - r0 < 4 ? (int)(M - r0) : 4;
-                    switch (R) {  /* a constant R for each copy of the inlined kernel: its loops unroll */
-                    case 4: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 4, K, out); break;
-                    case 3: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 3, K, out); break;
-                    case 2: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 2, K, out); break;
-                    default: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 1, K, out); break;
-                    }
-                    for (int c = 0; c < 2; c++)
-                        for (int r = 0; r < R; r++) {  /* + the m terms: sum over blocks of m dx sum(xq) */
-                            const float *mc = m[c0 + c], *sr = sx + (r0 + r) * G;
-                            __m256 t8 = _mm256_setzero_ps();
-                            int64_t g = 0;
-                            for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(mc + g), _mm256_loadu_ps(sr + g), t8);
-                            float t = hsum8(t8);
-                            for (; g < G; g++) t += mc[g] * sr[g];
-                            y[(r0 + r) * N + n + c0 + c] = out[c][r] + t;
+            for (int64_t r0 = 0; r0 < M; r0 += 4) {
+                float out[4][4];
+                const int R = M - r0 < 4 ? (int)(M - r0) : 4;
+                if (isa == ISA_AVX512_VNNI) {
+                    q4_tile_rows_vnni(tile, G, d, xp, dxp, xq, dx, r0, R, K, out);
+                } else {
+                    for (int64_t c0 = 0; c0 < 4; c0 += 2) {
+                        float half[2][4];
+                        switch (R) {  /* a constant R for each copy of the inlined kernel: its loops unroll */
+                        case 4: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 4, K, half); break;
+                        case 3: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 3, K, half); break;
+                        case 2: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 2, K, half); break;
+                        default: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 1, K, half); break;
                         }
+                        for (int r = 0; r < R; r++) { out[c0][r] = half[0][r]; out[c0 + 1][r] = half[1][r]; }
+                    }
                 }
+                for (int c = 0; c < 4; c++)
+                    for (int r = 0; r < R; r++) {  /* + the m terms: sum over blocks of m dx sum(xq) */
+                        const float *mc = m[c], *sr = sx + (r0 + r) * G;
+                        __m256 t8 = _mm256_setzero_ps();
+                        int64_t g = 0;
+                        for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(mc + g), _mm256_loadu_ps(sr + g), t8);
+                        float t = hsum8(t8);
+                        for (; g < G; g++) t += mc[g] * sr[g];
+                        y[(r0 + r) * N + n + c] = out[c][r] + t;
+                    }
+            }
         }
         free(xp); free(dxp);
         first_col = N4;

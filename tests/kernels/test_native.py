@@ -43,9 +43,9 @@ def test_rows_round_to_int8_per_block():
 
 
 @needs_native
-@pytest.mark.parametrize("m", [1, 2, 5, native.MAX_ROWS])
+@pytest.mark.parametrize("m", [1, 2, 5, 7, native.MAX_ROWS])
 @pytest.mark.parametrize("n,k", [(7, 32), (200, 576), (1031, 1536)])
-def test_q8_gemv_equals_reference(m, n, k):
+def test_q8_gemv_equals_reference(m, n, k, isa):
     w = _q8_weight(n, k, seed=n + k)
     q, d = native.quantize_q8(w)
     assert q8_is_lossless(w)
@@ -65,10 +65,23 @@ def _rows_seen(x: torch.Tensor) -> torch.Tensor:
     return (xq.float().view(x.shape[0], -1, 32) * dx[..., None]).view_as(x)
 
 
+@pytest.fixture(params=native.ISAS)
+def isa(request):
+    """Each of the several-row GEMVs' kernel sets this CPU has (AVX2 everywhere; AVX-512 VNNI where present)."""
+    if not native.available():
+        pytest.skip(f"native kernels: {native.unavailable_reason()}")
+    before = native.isa()
+    if native.set_isa(request.param) != request.param:
+        native.set_isa(before)
+        pytest.skip(f"the CPU lacks {request.param}")
+    yield request.param
+    native.set_isa(before)
+
+
 @needs_native
 @pytest.mark.parametrize("m", [1, 2, 5, 7, native.MAX_ROWS])  # rows in fours and a last 1, 2 or 3
 @pytest.mark.parametrize("n,k", [(7, 32), (200, 576), (1030, 1536), (1032, 64), (12, 96), (9, 224)])
-def test_q4_gemv_equals_reference(m, n, k):
+def test_q4_gemv_equals_reference(m, n, k, isa):
     """Widths that are and are not multiples of the one-row kernel's four columns (its tiles), one block and
     many, an even and an odd number of blocks (a tile's last block alone)."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.05
