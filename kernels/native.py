@@ -98,8 +98,6 @@ def _build() -> ctypes.CDLL:
 
 
 ISAS = ("avx2", "avx512-vnni")  # the several-row GEMVs' kernels, in sgnb_set_isa's order
-
-
 _isa = ISAS[0]
 
 

@@ -171,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
         # CPU decode steps run every layer in one call of our C kernel when the weights are on its formats
         # (kernels/native.decode_layers); False: always the module path (tests compare the two)
         self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
-        self.fused_steps = 0  # decode forwards that took it
+        self.fused_steps = 0  # forwards that took it (decodes and short extends)
         self.fused_max_tokens = 128  # the most new tokens (rows) a forward takes it with (<= native.MAX_ROWS)
         self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
 

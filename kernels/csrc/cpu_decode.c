@@ -10,8 +10,8 @@
 
    Threads split the output columns; weights are read once per call whatever M is. Several rows are
    compute-bound (the integer multiplies' ports): there each unpacked weight block serves four rows and each
-   row's block two columns, the accumulators in registers (a 576 x 5184 layer set at 16 rows: 57 -> 39 us a
-   row on the AVX-512 Xeon of 2026-12-02, AVX2 code; a dense fp32 GEMM then wins from ~24 rows with the
+   row's block two columns, the accumulators in registers (the default model's four linears of a layer at 16
+   rows: 57 -> 39 us a row on the AVX-512 Xeon of 2026-12-02, AVX2 code; a dense fp32 GEMM then wins from ~24 rows with the
    weights in cache). Where the CPU has AVX-512 VNNI (sgnb_set_isa), vpdpbusd does the integer part on
    whole tiles: 1.3-1.4x the AVX2 tiles there at 4-64 rows.
 
