@@ -46,4 +46,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     silu(gate) * up in x's dtype, float32 math. Mutates nothing. Triton on CUDA, silu_and_mul_ref on CPU."""
     if use_triton(x):
         return _silu_and_mul_triton(x)
+    from . import native
+
+    if x.dim() == 2 and native.takes(x):  # one pass on the CPU
+        return native.silu_mul(x)
     return silu_and_mul_ref(x)

@@ -91,8 +91,11 @@ def _build() -> ctypes.CDLL:
     lib.sgnb_decode_layers.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr, i64, ptr,
                                        ptr, i64, i64, i64, i64, i64, ctypes.c_float, i32]
     lib.sgnb_set_isa.argtypes = [i32]
+    lib.sgnb_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, i32]
+    lib.sgnb_rope.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr, i64, i32]
+    lib.sgnb_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
     for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode,
-              lib.sgnb_set_isa):
+              lib.sgnb_set_isa, lib.sgnb_rms_norm, lib.sgnb_rope, lib.sgnb_silu_mul):
         f.restype = i32
     return lib
 
@@ -344,3 +347,43 @@ def paged_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_
     if rc:
         raise RuntimeError(f"sgnb_paged_decode failed ({rc})")
     return out, lse
+
+
+# ---- the module path's elementwise steps on the CPU (float32), one pass each -------------------------------
+def takes(*tensors: torch.Tensor) -> bool:
+    """Whether the elementwise kernels below run these tensors: float32 on the CPU, last dim contiguous, and
+    the kernels built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() >= 1 and t.stride(-1) == 1
+                for t in tensors) and available())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/norm.py's rms_norm (residual None) or fused_add_rms_norm (residual += x in place, then its
+    norm) on (T, N) rows; returns a new (T, N) tensor."""
+    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
+    T, N = rows.shape
+    res = None if residual is None else (residual.view(-1, N) if residual.dim() != 2 else residual)
+    assert weight.shape == (N,) and weight.is_contiguous() and (res is None or res.shape == (T, N))
+    y = torch.empty(T, N)
+    _need().sgnb_rms_norm(rows.data_ptr(), rows.stride(0), None if res is None else res.data_ptr(),
+                          0 if res is None else res.stride(0), weight.data_ptr(), y.data_ptr(), N, T, N, eps,
+                          torch.get_num_threads())
+    return y.view(x.shape)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q (T, H, D) and k (T, Hkv, D) in place (rotate-half) at positions (T,) of cos / sin (P, D / 2)."""
+    T, H, D = q.shape
+    assert q.stride(2) == 1 and q.stride(1) == D and k.stride(2) == 1 and k.stride(1) == D, (q.stride(), k.stride())
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] * 2 == D
+    pos = positions.to(torch.int64).contiguous()
+    _need().sgnb_rope(q.data_ptr(), q.stride(0), H, k.data_ptr(), k.stride(0), k.shape[1], D, pos.data_ptr(),
+                      cos.data_ptr(), sin.data_ptr(), T, torch.get_num_threads())
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """x (T, 2I) = [gate | up] -> a new (T, I) silu(gate) * up."""
+    T, I2 = x.shape
+    y = torch.empty(T, I2 // 2)
+    _need().sgnb_silu_mul(x.data_ptr(), x.stride(0), y.data_ptr(), T, I2 // 2, torch.get_num_threads())
+    return y

@@ -77,6 +77,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     a new contiguous tensor of x's shape and dtype. Mutates nothing. Triton on CUDA, rms_norm_ref on CPU."""
     if use_triton(x):
         return _rms_norm_triton(x, weight, eps)
+    from . import native
+
+    if native.takes(x, weight):  # one pass on the CPU
+        return native.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -89,4 +93,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     assert x.shape == residual.shape, (x.shape, residual.shape)
     if use_triton(residual):
         return _rms_norm_triton(x, weight, eps, residual), residual
+    from . import native
+
+    if native.takes(x, residual, weight) and residual.is_contiguous():  # one pass on the CPU
+        return native.rms_norm(x, weight, eps, residual), residual
     return fused_add_rms_norm_ref(x, residual, weight, eps)

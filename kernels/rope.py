@@ -135,11 +135,19 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: t
 
     q and k may be strided views (e.g. of a fused qkv output) with a contiguous last dim. cos/sin (P, D/2) are
     rope_cos_sin's float32 tables; positions must be < P (not checked: that would sync the GPU). Rotate-half
-    layout, float32 math, apply_rope_ref's (to rounding). Triton on CUDA (one launch); on CPU the same math in a
-    few in-place ops for float32 (`_apply_rope_cpu`), apply_rope_inplace_ref otherwise.
+    layout, float32 math, apply_rope_ref's (to rounding). Triton on CUDA (one launch); on CPU for float32 our C
+    kernel (native.rope) or the same math in a few in-place ops (`_apply_rope_cpu`), apply_rope_inplace_ref
+    otherwise.
     """
     if use_triton(q):
         return _apply_rope_triton(q, k, positions, cos, sin)
     if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and q.stride(-1) == k.stride(-1) == 1:
+        from . import native
+
+        D = q.shape[-1]
+        if (q.stride(1) == k.stride(1) == D and cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous()
+                and sin.is_contiguous() and native.available()):  # our kernel: one pass over the rows
+            native.rope(q, k, positions, cos, sin)
+            return q, k
         return _apply_rope_cpu(q, k, positions, cos, sin)
     return apply_rope_inplace_ref(q, k, positions, cos, sin)

@@ -814,3 +814,62 @@ done:
     free(res); free(h); free(qkv); free(q); free(att); free(lse); free(gu); free(act); free(starts);
     return rc;
 }
+
+/* ---- the module path's elementwise steps, one pass each ---------------------------------------------------
+
+   A CPU extend too long for the one-call forward runs the model's modules, where torch spends ~100 us per
+   elementwise op on a few hundred rows (each op a fresh pass over memory: an RMSNorm is eight of them). These
+   do each step in one pass over rows that stay in cache, float32 as the torch references compute. */
+
+/* with res: res += x (in place), then y = rmsnorm(res) * w; without: y = rmsnorm(x) * w. Row strides in
+   elements; y may be x. */
+int sgnb_rms_norm(const float *x, int64_t xs, float *res, int64_t rs, const float *w, float *y, int64_t ys,
+                  int64_t M, int64_t n, float eps, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * n > 65536)
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = x + r * xs;
+        float *src = res ? res + r * rs : (float *)xr;
+        if (res) for (int64_t i = 0; i < n; i++) src[i] += xr[i];
+        __m256 ss = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) { const __m256 v = _mm256_loadu_ps(src + i); ss = _mm256_fmadd_ps(v, v, ss); }
+        float sum = hsum8(ss);
+        for (; i < n; i++) sum += src[i] * src[i];
+        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+        float *yr = y + r * ys;
+        for (i = 0; i < n; i++) yr[i] = src[i] * inv * w[i];
+    }
+    return 0;
+}
+
+/* rotate-half rope in place: q (T rows of H heads of D, row stride qs), k (Hk heads, row stride ks), at
+   positions pos (T,) of the tables cos / sin (P, D / 2) */
+int sgnb_rope(float *q, int64_t qs, int64_t H, float *k, int64_t ks, int64_t Hk, int64_t D, const int64_t *pos,
+              const float *cos_t, const float *sin_t, int64_t T, int nthreads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * (H + Hk) * D > 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_t + pos[t] * half, *s = sin_t + pos[t] * half;
+        rotate_half(q + t * qs, H, D, c, s);
+        rotate_half(k + t * ks, Hk, D, c, s);
+    }
+    return 0;
+}
+
+/* y (M, I) = silu(gate) * up of x (M, 2I) = [gate | up] (row stride xs) */
+int sgnb_silu_mul(const float *x, int64_t xs, float *y, int64_t M, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * I > 65536)
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = x + r * xs, *u = g + I;
+        float *a = y + r * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                                  _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}

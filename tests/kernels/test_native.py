@@ -243,3 +243,37 @@ def test_torch_backend_kernel_route_equals_the_reference(fragmented, extend):
         fb = ForwardBatch.build(spec, table, torch.device("cpu"))
         backend.init_forward_metadata(fb)
         assert isinstance(fb.attn_metadata, tuple)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 5, 300])  # (300 x 576: the parallel branch)
+def test_elementwise_kernels_equal_the_torch_references(rows):
+    """The module path's one-pass CPU kernels: RMSNorm (with the residual add, in place), rope on strided
+    q / k views of a fused qkv row, SiLU x up."""
+    from sgnb.kernels.activation import silu_and_mul_ref
+    from sgnb.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
+    from sgnb.kernels.rope import apply_rope_inplace_ref, rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator().manual_seed(rows)
+    x, res, w = torch.randn(rows, 576, generator=g), torch.randn(rows, 576, generator=g), torch.randn(576, generator=g)
+    torch.testing.assert_close(native.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5), atol=1e-5, rtol=1e-5)
+    res_ref = res.clone()
+    want, _ = fused_add_rms_norm_ref(x, res_ref, w, 1e-5)
+    got = native.rms_norm(x, w, 1e-5, res)
+    torch.testing.assert_close(res, res_ref, atol=0, rtol=0)  # the add, in place, exactly
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    qkv = torch.randn(rows, 9 * 64 + 2 * 3 * 64, generator=g)
+    q, k = qkv[:, : 9 * 64].view(rows, 9, 64), qkv[:, 9 * 64: 12 * 64].view(rows, 3, 64)
+    cos, sin = rope_cos_sin(rope_inv_freq(64, 10000.0, None), 512)
+    pos = torch.randint(0, 512, (rows,), generator=g)
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rope_inplace_ref(q_ref, k_ref, pos, cos, sin)
+    v_before = qkv[:, 12 * 64:].clone()
+    native.rope(q, k, pos, cos, sin)
+    torch.testing.assert_close(q, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, k_ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, 12 * 64:], v_before)  # v untouched
+
+    gu = torch.randn(rows, 2 * 1536, generator=g) * 4
+    torch.testing.assert_close(native.silu_mul(gu), silu_and_mul_ref(gu), atol=1e-5, rtol=1e-5)

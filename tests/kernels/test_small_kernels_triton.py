@@ -246,21 +246,28 @@ def _dispatch_cases():
     def mask_args():
         return torch.randn(2, 40), torch.ones(2, 2, dtype=torch.int32)
 
-    return [(norm, "rms_norm", "_rms_norm_triton", "rms_norm_ref", norm_args),
-            (norm, "fused_add_rms_norm", "_rms_norm_triton", "fused_add_rms_norm_ref", fused_args),
-            (rope, "apply_rope", "_apply_rope_triton", "_apply_rope_cpu", rope_args),  # float32 CPU: its fast path
-            (activation, "silu_and_mul", "_silu_and_mul_triton", "silu_and_mul_ref", lambda: (torch.randn(2, 8),)),
-            (kv_store, "store_kv", "_store_kv_triton", "store_kv_ref", kv_args),
-            (bitmask, "apply_token_bitmask", "_apply_token_bitmask_triton", "apply_token_bitmask_ref", mask_args)]
+    # (module, public, Triton wrapper, CPU reference, args, our C kernel that float32 CPU tensors take instead
+    # where it is built: kernels/native.py)
+    return [(norm, "rms_norm", "_rms_norm_triton", "rms_norm_ref", norm_args, "rms_norm"),
+            (norm, "fused_add_rms_norm", "_rms_norm_triton", "fused_add_rms_norm_ref", fused_args, "rms_norm"),
+            (rope, "apply_rope", "_apply_rope_triton", "_apply_rope_cpu", rope_args, "rope"),
+            (activation, "silu_and_mul", "_silu_and_mul_triton", "silu_and_mul_ref", lambda: (torch.randn(2, 8),),
+             "silu_mul"),
+            (kv_store, "store_kv", "_store_kv_triton", "store_kv_ref", kv_args, None),
+            (bitmask, "apply_token_bitmask", "_apply_token_bitmask_triton", "apply_token_bitmask_ref", mask_args,
+             None)]
 
 
 @pytest.mark.parametrize("interpret", [False, True])
 @pytest.mark.parametrize("case", _dispatch_cases(), ids=lambda c: c[1])
 def test_dispatch(case, interpret, monkeypatch):
     """CPU tensors take the torch reference (rope in float32: its CPU path, tested against the reference
-    below), with or without the interpreter (it is for tests, which call the Triton wrappers directly); CUDA
-    tensors take the Triton wrapper."""
-    module, public, wrapper, ref, make_args = case
+    below), or our C kernel for float32 where it is built (tested against the references in test_native.py),
+    with or without the interpreter (it is for tests, which call the Triton wrappers directly); CUDA tensors
+    take the Triton wrapper."""
+    from sgnb.kernels import native
+
+    module, public, wrapper, ref, make_args, ours = case
 
     class Routed(Exception):
         pass
@@ -272,9 +279,12 @@ def test_dispatch(case, interpret, monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(module, wrapper, to_triton)
     monkeypatch.setattr(module, ref, lambda *a, **k: (calls.append(ref), real_ref(*a, **k))[1])
+    if ours is not None:
+        real_ours = getattr(native, ours)
+        monkeypatch.setattr(native, ours, lambda *a, **k: (calls.append(ours), real_ours(*a, **k))[1])
     monkeypatch.setattr(_triton_utils, "INTERPRET", interpret)
     getattr(module, public)(*make_args())  # CPU tensors
-    assert calls == [ref], calls
+    assert calls == [ours if ours is not None and native.available() else ref], calls
 
 
 @pytest.mark.parametrize("T", [0, 1, 7])
