@@ -360,7 +360,7 @@ def takes(*tensors: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
     """kernels/norm.py's rms_norm (residual None) or fused_add_rms_norm (residual += x in place, then its
     norm) on (T, N) rows; returns a new (T, N) tensor."""
-    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     T, N = rows.shape
     res = None if residual is None else (residual.view(-1, N) if residual.dim() != 2 else residual)
     assert weight.shape == (N,) and weight.is_contiguous() and (res is None or res.shape == (T, N))

@@ -340,5 +340,6 @@ logits = torch.zeros(1, 40)
 bitmask.apply_token_bitmask(logits, torch.tensor([[1]], dtype=torch.int32))
 assert logits[0, 0] == 0 and logits[0, 1:].eq(float("-inf")).all()
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # (SGNB_NATIVE=0: our C kernels off too, so that float32 CPU tensors take the torch references here)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "SGNB_NATIVE": "0"}
     subprocess.run([sys.executable, "-P", "-c", code], check=True, env=env, timeout=120)  # -P: the installed sgnb, not ./sgnb
