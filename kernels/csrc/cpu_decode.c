@@ -32,6 +32,16 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* sum of a[i] * b[i] over n floats, eight lanes then the tail */
+static inline float dot_n(const float *a, const float *b, int64_t n) {
+    __m256 t8 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), t8);
+    float t = hsum8(t8);
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
 /* x (M, K) -> xq (M, K) int8 and dx (M, K / 32), each block's scale max |x| / 127 (round to nearest). */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx) {
     const int64_t G = K / QK;
@@ -58,6 +68,15 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
         c = _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(xq + r * QK), c);
         dx[r] = d;
+    }
+}
+
+/* sx[i] = dx[i] * sum(xq of block i), for n blocks: what a weight's per-block offset multiplies */
+static void block_sums(const int8_t *xq, const float *dx, float *sx, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int t = 0;
+        for (int j = 0; j < QK; j++) t += xq[i * QK + j];
+        sx[i] = (float)t * dx[i];
     }
 }
 
@@ -110,15 +129,7 @@ static inline __attribute__((always_inline)) AVX512_VNNI void q8_tile_vnni(
         const __m256 h[4] = {_mm512_castps512_ps256(acc0[r]), _mm512_extractf32x8_ps(acc0[r], 1),
                              _mm512_castps512_ps256(acc1[r]), _mm512_extractf32x8_ps(acc1[r], 1)};
         const float *sr = sx + (r0 + r) * G;
-        for (int c = 0; c < 4; c++) {
-            const float *dc = wd + (n + c) * G;
-            __m256 t8 = _mm256_setzero_ps();
-            int64_t g = 0;
-            for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(dc + g), _mm256_loadu_ps(sr + g), t8);
-            float t = hsum8(t8);
-            for (; g < G; g++) t += dc[g] * sr[g];
-            y[(r0 + r) * N + n + c] = hsum8(h[c]) - 128.0f * t;
-        }
+        for (int c = 0; c < 4; c++) y[(r0 + r) * N + n + c] = hsum8(h[c]) - 128.0f * dot_n(wd + (n + c) * G, sr, G);
     }
 }
 
@@ -177,11 +188,7 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
         const int64_t N4 = N / 4 * 4;
         float *sx = malloc(sizeof(float) * (size_t)(M * G));
         if (!sx) { free(xq); free(dx); return 2; }
-        for (int64_t i = 0; i < M * G; i++) {
-            int t = 0;
-            for (int j = 0; j < QK; j++) t += xq[i * QK + j];
-            sx[i] = (float)t * dx[i];
-        }
+        block_sums(xq, dx, sx, M * G);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t n = 0; n < N4; n += 4)
             for (int64_t r0 = 0; r0 < M; r0 += 4)
@@ -385,11 +392,7 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
     float *dx = malloc(sizeof(float) * (size_t)(M * G)), *sx = malloc(sizeof(float) * (size_t)(M * G));
     if (!xq || !dx || !sx) { free(xq); free(dx); free(sx); return 2; }
     quantize_rows(x, M, K, xq, dx);
-    for (int64_t i = 0; i < M * G; i++) {
-        int s = 0;
-        for (int j = 0; j < QK; j++) s += xq[i * QK + j];
-        sx[i] = (float)s * dx[i];
-    }
+    block_sums(xq, dx, sx, M * G);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m128i low = _mm_set1_epi8(0x0F);
     if (M == 1) {
@@ -505,15 +508,8 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
                     }
                 }
                 for (int c = 0; c < 4; c++)
-                    for (int r = 0; r < R; r++) {  /* + the m terms: sum over blocks of m dx sum(xq) */
-                        const float *mc = m[c], *sr = sx + (r0 + r) * G;
-                        __m256 t8 = _mm256_setzero_ps();
-                        int64_t g = 0;
-                        for (; g + 8 <= G; g += 8) t8 = _mm256_fmadd_ps(_mm256_loadu_ps(mc + g), _mm256_loadu_ps(sr + g), t8);
-                        float t = hsum8(t8);
-                        for (; g < G; g++) t += mc[g] * sr[g];
-                        y[(r0 + r) * N + n + c] = out[c][r] + t;
-                    }
+                    for (int r = 0; r < R; r++)  /* + the m terms: sum over blocks of m dx sum(xq) */
+                        y[(r0 + r) * N + n + c] = out[c][r] + dot_n(m[c], sx + (r0 + r) * G, G);
             }
         }
         free(xp); free(dxp);
@@ -733,17 +729,31 @@ static int linear(const int64_t *f, const float *x, float *y, int64_t M, int64_t
 }
 
 /* y = x / rms(x) * w for each of M rows of n */
+/* y = x / rms(x) * w for one row of n */
+static inline void rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps) {
+    __m256 ss = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) { const __m256 v = _mm256_loadu_ps(x + i); ss = _mm256_fmadd_ps(v, v, ss); }
+    float sum = hsum8(ss);
+    for (; i < n; i++) sum += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+    for (i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+}
+
 static void rms_norm_rows(const float *x, const float *w, float *y, int64_t M, int64_t n, float eps) {
-    for (int64_t r = 0; r < M; r++) {
-        const float *xr = x + r * n;
-        __m256 ss = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) { const __m256 v = _mm256_loadu_ps(xr + i); ss = _mm256_fmadd_ps(v, v, ss); }
-        float sum = hsum8(ss);
-        for (; i < n; i++) sum += xr[i] * xr[i];
-        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
-        for (i = 0; i < n; i++) y[r * n + i] = xr[i] * inv * w[i];
+    for (int64_t r = 0; r < M; r++) rms_norm_row(x + r * n, w, y + r * n, n, eps);
+}
+
+/* a = silu(g) * u for one row of I */
+static inline void silu_mul_row(const float *g, const float *u, float *a, int64_t I) {
+    int64_t i = 0;
+    for (; i + 8 <= I; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                              _mm256_loadu_ps(u + i)));
     }
+    for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 static void rotate_half(float *x, int64_t heads, int64_t D, const float *c, const float *s) {
@@ -794,18 +804,7 @@ int sgnb_decode_layers(const int64_t *table, int64_t L, int64_t B, float *x, con
         for (int64_t i = 0; i < B * hidden; i++) res[i] += h[i];
         rms_norm_rows(res, (const float *)f[LF_POST_NORM], h, B, hidden, eps);
         if ((rc = linear(f + LF_GATE_UP, h, gu, B, hidden, 2 * inter, nthreads))) goto done;
-        for (int64_t b = 0; b < B; b++) {
-            const float *g = gu + b * 2 * inter, *u = g + inter;
-            float *a = act + b * inter;
-            int64_t i = 0;
-            for (; i + 8 <= inter; i += 8) {
-                const __m256 gv = _mm256_loadu_ps(g + i);
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-                _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
-                                                      _mm256_loadu_ps(u + i)));
-            }
-            for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        }
+        for (int64_t b = 0; b < B; b++) silu_mul_row(gu + b * 2 * inter, gu + b * 2 * inter + inter, act + b * inter, inter);
         if ((rc = linear(f + LF_DOWN, act, x, B, inter, hidden, nthreads))) goto done;
     }
     for (int64_t i = 0; i < B * hidden; i++) res[i] += x[i];
@@ -830,14 +829,7 @@ int sgnb_rms_norm(const float *x, int64_t xs, float *res, int64_t rs, const floa
         const float *xr = x + r * xs;
         float *src = res ? res + r * rs : (float *)xr;
         if (res) for (int64_t i = 0; i < n; i++) src[i] += xr[i];
-        __m256 ss = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) { const __m256 v = _mm256_loadu_ps(src + i); ss = _mm256_fmadd_ps(v, v, ss); }
-        float sum = hsum8(ss);
-        for (; i < n; i++) sum += src[i] * src[i];
-        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
-        float *yr = y + r * ys;
-        for (i = 0; i < n; i++) yr[i] = src[i] * inv * w[i];
+        rms_norm_row(src, w, y + r * ys, n, eps);
     }
     return 0;
 }
@@ -859,17 +851,6 @@ int sgnb_rope(float *q, int64_t qs, int64_t H, float *k, int64_t ks, int64_t Hk,
 /* y (M, I) = silu(gate) * up of x (M, 2I) = [gate | up] (row stride xs) */
 int sgnb_silu_mul(const float *x, int64_t xs, float *y, int64_t M, int64_t I, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * I > 65536)
-    for (int64_t r = 0; r < M; r++) {
-        const float *g = x + r * xs, *u = g + I;
-        float *a = y + r * I;
-        int64_t i = 0;
-        for (; i + 8 <= I; i += 8) {
-            const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
-                                                  _mm256_loadu_ps(u + i)));
-        }
-        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
+    for (int64_t r = 0; r < M; r++) silu_mul_row(x + r * xs, x + r * xs + I, y + r * I, I);
     return 0;
 }
