@@ -105,6 +105,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         engine.generate(input_ids=[shared + shared[: 3 + i] for i in range(4)],
                         sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
         engine.flush_cache()
+        engine.scheduler.counters.slowest.clear()  # (idle) the list then holds the workload's forwards only
         before = engine.get_stats()
 
         def on_event(e: dict) -> None:
@@ -139,7 +140,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         after = engine.get_stats()
         d = {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens",
                                                "decode_steps", "prefill_batches", "mixed_batches", "cascade_batches",
-                                               "graphed_forwards", "forward_seconds", "decode_seconds")}
+                                               "graphed_forwards", "eager_forwards", "eager_forward_seconds",
+                                               "forward_seconds", "decode_seconds")}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
                   # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
@@ -147,7 +149,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # graphed_forwards: replays of a CUDA graph (decode or extend); the rest ran eagerly, ~20 ms of
                   # host time each on the H200
                   "engine_rounds": {k: d[k] for k in ("prefill_batches", "mixed_batches", "cascade_batches",
-                                                      "graphed_forwards")},
+                                                      "graphed_forwards", "eager_forwards")},
+                  "eager_forward_seconds": round(d["eager_forward_seconds"], 3),
+                  # the workload's slowest: a compile inside it, or a shape off the CUDA graphs, shows here
+                  "slowest_forwards": after["slowest_forwards"][:4],
                   "forward_seconds": round(d["forward_seconds"], 3), "decode_round_seconds": round(d["decode_seconds"], 3),
                   "cache_hit_rate": d["cached_tokens"] / max(d["prompt_tokens"], 1),
                   "optimal_cache_hit_rate": optimal_hit_rate(prompts) if prompts else None}

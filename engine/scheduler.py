@@ -46,6 +46,17 @@ LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for inpu
 MIN_SHARED_PREFIX = 32  # a batch-wide common prefix at least this long is attended once (cascade)
 
 
+SLOWEST_KEPT = 8
+
+
+def describe_forward(spec: BatchSpec) -> str:
+    """One line for a forward in the stats: its kind, tokens, requests, prefix and graph."""
+    kind = spec.mode.name.lower()
+    prefix = max(spec.prefix_lens, default=0)
+    return (f"{kind} tokens={spec.num_tokens} requests={spec.batch_size} max_prefix={prefix} "
+            f"shared={spec.shared_len} {'graph' if spec.graphed else 'eager'}")
+
+
 @dataclass
 class Counters:
     requests_finished: int = 0
@@ -62,6 +73,11 @@ class Counters:
     decode_seconds: float = 0.0  # wall time of decode rounds (forward, sampling, bookkeeping)
     cascade_batches: int = 0  # forwards that read a batch-wide shared prefix once
     graphed_forwards: int = 0  # forwards that replayed a CUDA graph (decode or extend)
+    eager_forwards: int = 0  # the others (on a GPU each costs ~20 ms of host launches)
+    eager_seconds: float = 0.0
+    # the slowest forwards as (seconds, description), longest first: a kernel compiling inside a workload, or a
+    # shape that falls off the CUDA graphs, shows here
+    slowest: list = field(default_factory=list)
     overlapped_steps: int = 0  # decode steps launched before the previous step's tokens reached the host
     mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
@@ -425,7 +441,16 @@ class Scheduler:
                 r.new_slots = None
                 self._fail(r, e)
             return None
-        self.counters.forward_seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        c = self.counters
+        c.forward_seconds += dt
+        if not spec.graphed:
+            c.eager_forwards += 1
+            c.eager_seconds += dt
+        if len(c.slowest) < SLOWEST_KEPT or dt > c.slowest[-1][0]:
+            c.slowest.append((dt, describe_forward(spec)))
+            c.slowest.sort(key=lambda x: -x[0])
+            del c.slowest[SLOWEST_KEPT:]
         return hidden
 
     def _input_logprobs(self, req: Req, hidden: Any, offset: int, extend: int, start: int) -> None:

@@ -659,3 +659,20 @@ def test_warm_up_fits_a_small_engine():
         assert eng.get_stats()["prompt_tokens"] == 0 and eng.is_alive
         out = eng.generate(input_ids=list(range(100, 140)), sampling_params={"max_new_tokens": 3, "temperature": 0})
         assert out["meta_info"]["completion_tokens"] == 3
+
+
+def test_stats_count_eager_forwards_and_name_the_slowest(engine):
+    """get_stats() counts the forwards that ran outside a CUDA graph (all of them on the CPU) and names the
+    slowest few by shape, longest first: where a benchmark's forward time went."""
+    before = engine.get_stats()
+    ids = _ids(engine, PROMPT)
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    after = engine.get_stats()
+    assert after["eager_forwards"] - before["eager_forwards"] >= 3  # one prefill and >= 2 decode steps
+    assert after["eager_forward_seconds"] > before["eager_forward_seconds"]
+    slowest = after["slowest_forwards"]
+    assert 1 <= len(slowest) <= 8
+    assert [s["seconds"] for s in slowest] == sorted((s["seconds"] for s in slowest), reverse=True)
+    assert any(s["forward"].startswith(f"extend tokens={len(ids)} requests=1 ") for s in slowest) or \
+        len(slowest) == 8
+    assert all(s["forward"].endswith(" eager") for s in slowest)

