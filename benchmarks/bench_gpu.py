@@ -62,7 +62,8 @@ def prefill_row(args: argparse.Namespace, peak_gflops: float) -> dict:
 
     from sgnb.engine import Engine
 
-    eng = Engine(args.model, tokenizer_path=args.tokenizer, context_length=8448, max_running_requests=16)
+    eng = Engine(args.model, tokenizer_path=args.tokenizer, context_length=8448, max_running_requests=16,
+                 **json.loads(args.engine_args or "{}"))
     try:
         cfg = eng.source.config
         g = torch.Generator().manual_seed(0)
@@ -78,7 +79,8 @@ def prefill_row(args: argparse.Namespace, peak_gflops: float) -> dict:
             out[name] = round(shape[0] * shape[1] / wall, 1)
         params = model_params(cfg)
         ceiling = peak_gflops * 1e9 / (2 * params)
-        return {"tokens_per_s": out, "ceiling_tokens_per_s": round(ceiling, 1),
+        return {"attention_backend": eng.runner.attention_backend, "tokens_per_s": out,
+                "ceiling_tokens_per_s": round(ceiling, 1),
                 "fraction_of_ceiling": {k: round(v / ceiling, 3) for k, v in out.items()},
                 "matmul_tflops": round(peak_gflops / 1e3, 1)}
     finally:
@@ -98,6 +100,8 @@ def main() -> int:
     ap.add_argument("--systems", default=SUITE_SYSTEMS)
     ap.add_argument("--workloads", default="all")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per suite child")
+    ap.add_argument("--engine-args", default=None, help='JSON engine options for the prefill part, e.g. '
+                    '{"attention_backend": "triton"}')
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch

@@ -23,6 +23,7 @@ for attempt in ("first start (JIT builds)", "second start (built)"):
     print(json.dumps({"start": attempt, "engine_start_s": round(start, 2), "warmup_s": round(e.warmup_seconds, 2),
                       "first_token_ms_100_tokens": round(ttft * 1e3, 2), "backend": e.get_stats()["attention_backend"]}))
     e.shutdown()
+    del e  # (as run: without this the second start found the first engine's memory still held)
 PY
 echo "starts $(( $(date +%s) - t0 ))s"
 t0=$(date +%s)

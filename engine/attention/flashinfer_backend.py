@@ -18,7 +18,10 @@ from sgnb.engine.attention.base import AttentionBackend, AttentionLayer
 from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.engine.kv_pool import KVCache
 
-WORKSPACE_BYTES = 128 << 20
+# FlashInfer's float workspace holds the split-KV partial outputs of a plan (fp32, per query row and head): a
+# 128 MiB one was suspected of overflowing on 8 x 1,024-token prefills of the 7B shape (2026-12-02: illegal memory
+# access, not yet reproduced in isolation); 384 MiB is what SGLang allocates
+WORKSPACE_BYTES = 384 << 20
 
 
 def kv_indices(req_to_token: torch.Tensor, rows: torch.Tensor, start: int, ends: torch.Tensor,
