@@ -59,7 +59,7 @@ def main():
         for M in [int(m) for m in args.rows.split(",")]:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ ws[0].float().T
-            t_torch = timed(lambda: [torch.nn.functional.linear(x, w) for w in ws])
+            t_torch = timed(lambda x=x, ws=ws: [torch.nn.functional.linear(x, w) for w in ws])
             default = gemv_config(M, N, K, sms)
             cands = {default}
             for bn in (8, 16, 32):
@@ -72,7 +72,7 @@ def main():
             for cfg in sorted(cands):
                 try:
                     err = (gemv(x, ws[0], config=cfg).float() - ref).abs().max().item()
-                    t = timed(lambda: [gemv(x, w, config=cfg) for w in ws])
+                    t = timed(lambda x=x, ws=ws, cfg=cfg: [gemv(x, w, config=cfg) for w in ws])
                 except Exception as e:  # a config the compiler refuses
                     print(name, M, cfg, type(e).__name__, str(e)[:100], flush=True)
                     continue
@@ -89,7 +89,7 @@ def main():
             print(json.dumps(row), flush=True)
             if args.out:  # after every row: a run cut short keeps what it measured
                 json.dump({"copy_rate_tb_s": 4.27, "rows": rows}, open(args.out, "w"), indent=1)
-        del ws
+        ws = None  # this shape's weights go before the next one's
         torch.cuda.empty_cache()
     print(f"sweep {time.time() - t_start:.0f} s")
 

@@ -12,7 +12,7 @@ common=(--scale gpu --engine-args '{"attention_backend": "triton"}' --model dumm
         --tokenizer .gpu/smollm2 --timeout ${CHILD_S:-80})
 t0=$(date +%s)
 timeout ${A_S:-170} python3 -P benchmarks/bench_suite.py "${common[@]}" --systems sgnb,sgnb-no-radix \
-  --workloads json_jump_forward,mmlu --out $OUT/suite_a.json > $OUT/suite_a.log 2>&1
+  --workloads ${A_WORKLOADS:-json_jump_forward,mmlu} --out $OUT/suite_a.json > $OUT/suite_a.log 2>&1
 echo "suite a rc=$? $(( $(date +%s) - t0 ))s"; grep "pre-warm" $OUT/suite_a.log
 python3 benchmarks/gpu/suite_summary.py $OUT/suite_a.json
 t0=$(date +%s)
@@ -27,6 +27,7 @@ python3 -c "import json,os; [print(r['shape'], r['M'], 'torch', r['torch_tb_s'],
 t0=$(date +%s)
 timeout ${AB_S:-90} python3 -P benchmarks/gpu/gemv_engine_ab.py --tokenizer .gpu/smollm2 --batches 1,4 --out $OUT/gemv_ab.json > $OUT/gemv_ab.log 2>&1
 echo "gemv engine a/b rc=$? $(( $(date +%s) - t0 ))s"; grep "^{" $OUT/gemv_ab.log | cut -c1-250; tail -2 $OUT/gemv_ab.log | cut -c1-250
+[ -n "${SKIP_PREFILL:-}" ] && exit 0
 t0=$(date +%s)
 timeout ${ST_S:-50} python3 -P - <<'PY' 2>&1 | grep "^{"
 import json, time
