@@ -52,9 +52,6 @@ class EngineConfig:
     # CUDA: extend batches (prefill chunks, mixed batches) of up to this many tokens replay graphs captured per
     # token budget (16, 32, ..., this); 0 runs them eagerly. An eager 7B forward costs ~16-22 ms of host time
     cuda_graph_max_extend_tokens: int = 512
-    # CUDA: linear products of up to this many rows (decode at small batches) take our Triton GEMV
-    # (kernels/gemv.py) instead of cuBLAS; 0 = always cuBLAS. Off until it measures faster on the lent H200
-    cuda_gemv_max_rows: int = 0
     # overlap scheduling: a decode step is launched over the previous step's tokens while they are still on the
     # device, and the host finishes the previous step (detokenizing, stop checks, callbacks) while the device
     # runs the new one (engine/scheduler.py). None -> on CUDA (in-process runner), off on the CPU (nothing to
@@ -102,8 +99,6 @@ class EngineConfig:
             raise ValueError(f"gil_switch_interval must be in (0, 1] seconds, got {self.gil_switch_interval}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        if not 0 <= self.cuda_gemv_max_rows <= 8:
-            raise ValueError(f"cuda_gemv_max_rows must be in 0..8, got {self.cuda_gemv_max_rows}")
         if not 0 <= self.cuda_graph_max_extend_tokens <= 8192:
             raise ValueError(f"cuda_graph_max_extend_tokens must be in 0..8192, got {self.cuda_graph_max_extend_tokens}")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:

@@ -145,7 +145,7 @@ class ModelRunner:
 
         quantization = resolve_quantization(config.quantization, self.device)
         self.model = build_model(mcfg, source, self.device, self.dtype, self.context_length, seed=config.random_seed,
-                                 quantization=quantization, gemv_max_rows=config.cuda_gemv_max_rows)
+                                 quantization=quantization)
         self.quantization = describe_quantization(quantization, self.model)
 
         slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)

@@ -8,6 +8,10 @@ With SPLIT_K > 1 (wide K, few columns: too few programs to fill the device) each
 adds into an fp32 output with atomics; the caller casts it.
 
 `gemv(x, w, bias)` runs the Triton kernel on CUDA tensors (or under TRITON_INTERPRET=1), else `gemv_ref`.
+
+Not used by the engine: measured on the H200 (2026-12-02, benchmarks/results/2026-12-02-gpu-gemv.json) it matches
+cuBLAS at one row on the 7B linears (3.2-3.9 TB/s, 75-92% of the copy rate) and loses at four, and made the
+engine's decode step slower. Kept with benchmarks/gpu/gemv_sweep.py as the baseline for the next attempt.
 """
 
 from __future__ import annotations
@@ -95,30 +99,3 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     """torch's linear, the reference."""
     return torch.nn.functional.linear(x, w, bias)
 
-
-class GemvLinear(torch.nn.Module):
-    """An nn.Linear whose products of up to `max_rows` rows on CUDA take `gemv` (a decode step's linears);
-    bigger ones, and every product elsewhere, stay torch's. Shares the wrapped layer's parameters (a tied
-    head stays tied)."""
-
-    def __init__(self, linear: torch.nn.Linear, max_rows: int) -> None:
-        super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.max_rows = min(max_rows, MAX_ROWS)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= self.max_rows and (x.is_cuda or INTERPRET) and x.stride(1) == 1:
-            return gemv(x, self.weight, self.bias)
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-
-
-def use_gemv(module: torch.nn.Module, names: tuple[str, ...], max_rows: int) -> int:
-    """Replace every nn.Linear child named in `names` by a GemvLinear, in place; returns how many."""
-    count = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if name in names and type(child) is torch.nn.Linear:
-                setattr(parent, name, GemvLinear(child, max_rows))
-                count += 1
-    return count

@@ -2,6 +2,9 @@
 run: bench_attention's wall-difference timing and the captured forward alone, batch 1-4, context 1k, 7B shape.
 
     python3 -P benchmarks/gpu/gemv_engine_ab.py --tokenizer DIR [--backend triton] [--out FILE]
+
+As run on 2026-12-02 (results/2026-12-02-gpu-gemv.json). The GEMV made the step slower, and the engine option was
+removed afterwards, so this script no longer runs as is: restore `cuda_gemv_max_rows` (git log) to repeat it.
 """
 
 import argparse

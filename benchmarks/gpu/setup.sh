@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by the device-call scripts: install the carried wheels (FlashInfer's JIT wheel, xgrammar, the sgnb wheel
 # built here) into /tmp/site and unpack the carried kernel caches (FlashInfer's JIT builds, Triton's compiles).
-#   carry: .whl (the wheels) and .gpu (smollm2 tokenizer files, flashinfer-cache.tgz, triton-cache.tgz)
+#   carry: .whl (the wheels: FlashInfer's set AND xgrammar's, shared/recipes/gpu.md; without xgrammar every constrained
+#   workload fails: 2026-12-02 call 2 lost its suite so) and .gpu (smollm2 tokenizer files, flashinfer-cache.tgz, triton-cache.tgz)
 # A warm machine (the next call within the idle window) keeps /tmp/site and the caches: the same wheels are then
 # NOT installed again. Suspected (not proven): re-installing gives FlashInfer's sources fresh mtimes and its ninja
 # rebuilds every JIT module; call 2 of 2026-12-02 re-installed on the machine whose call 1 had built them, and all

@@ -52,11 +52,9 @@ def resolve_quantization(name: str, device: torch.device) -> str:
 
 
 def build_model(config: ModelConfig, source: ModelSource, device: torch.device, dtype: torch.dtype,
-                max_positions: int, tp: TPGroup | None = None, seed: int = 0, quantization: str = "none",
-                gemv_max_rows: int = 0) -> nn.Module:
+                max_positions: int, tp: TPGroup | None = None, seed: int = 0, quantization: str = "none") -> nn.Module:
     """The model for `source` on `device`, in eval mode, holding `tp`'s shard (the whole model when None);
-    with quantization "int8" / "int4" (CPU) its linear layers become QuantLinear (kernels/quant_linear.py);
-    on CUDA with gemv_max_rows > 0 they take our GEMV for products of that many rows or fewer (kernels/gemv.py)."""
+    with quantization "int8" / "int4" (CPU) its linear layers become QuantLinear (kernels/quant_linear.py)."""
     from sgnb.engine.model_loader import load_state_dict
 
     cls = model_class(config)
@@ -73,8 +71,4 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
 
         counts = quantize_linears(model, quantization, QUANTIZED_LINEARS)
         model.quantized_layers = counts  # e.g. {"int4": 210, "bf16": 1}: logged and reported by the runner
-    elif gemv_max_rows > 0 and device.type == "cuda":
-        from sgnb.kernels.gemv import use_gemv
-
-        model.gemv_layers = use_gemv(model, QUANTIZED_LINEARS, gemv_max_rows)
     return model.eval()

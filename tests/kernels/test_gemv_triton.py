@@ -64,24 +64,3 @@ def test_more_rows_than_the_kernel_takes_fall_back_to_linear():
     x, w, b = _case(MAX_ROWS + 1, 16, 64, bias=True)
     torch.testing.assert_close(gemv(x, w, b).float(), gemv_ref(x.float(), w.float(), b.float()), atol=TOL, rtol=TOL)
 
-
-def test_gemv_linear_replaces_named_linears_and_keeps_their_outputs():
-    """use_gemv swaps the named nn.Linear children for GemvLinear (sharing their parameters: a tied head stays
-    tied); a product of few rows takes the kernel, a bigger one torch's, and both equal the original layer."""
-    from torch import nn
-
-    from sgnb.kernels.gemv import GemvLinear, use_gemv
-
-    torch.manual_seed(0)
-    net = nn.Sequential()
-    net.add_module("up", nn.Linear(64, 48, bias=True))
-    net.add_module("keep", nn.Linear(48, 32))
-    net = net.to(DEVICE, DTYPE)
-    ref = {n: (m.weight.detach().clone(), m.bias.detach().clone()) for n, m in net.named_children()}
-    assert use_gemv(net, ("up",), max_rows=4) == 1
-    assert isinstance(net.up, GemvLinear) and type(net.keep) is nn.Linear
-    assert net.up.weight.data_ptr() == ref["up"][0].data_ptr() or torch.equal(net.up.weight, ref["up"][0])
-    for rows in (1, 4, 9):
-        x = torch.randn(rows, 64).to(DEVICE, DTYPE)
-        want = gemv_ref(x.float(), ref["up"][0].float(), ref["up"][1].float())
-        torch.testing.assert_close(net.up(x).float(), want, atol=TOL, rtol=TOL)
