@@ -448,9 +448,9 @@ class Scheduler:
             c.eager_forwards += 1
             c.eager_seconds += dt
         if len(c.slowest) < SLOWEST_KEPT or dt > c.slowest[-1][0]:
-            c.slowest.append((dt, describe_forward(spec)))
-            c.slowest.sort(key=lambda x: -x[0])
-            del c.slowest[SLOWEST_KEPT:]
+            # a new list, not sorted in place: get_stats() reads it from other threads (an in-place sort shows
+            # them an empty list meanwhile)
+            c.slowest = sorted([*c.slowest, (dt, describe_forward(spec))], key=lambda x: -x[0])[:SLOWEST_KEPT]
         return hidden
 
     def _input_logprobs(self, req: Req, hidden: Any, offset: int, extend: int, start: int) -> None:

@@ -98,4 +98,3 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
 def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """torch's linear, the reference."""
     return torch.nn.functional.linear(x, w, bias)
-

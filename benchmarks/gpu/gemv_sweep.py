@@ -11,10 +11,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from sgnb.kernels.gemv import gemv, gemv_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_attention import _time_ms  # noqa: E402
 
 SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008),
           "lm_head": (32000, 4096)}
@@ -22,6 +26,7 @@ COPIES = 8
 
 
 def timed(fn, reps=20):
+    """Seconds per call of `fn` captured in a CUDA graph (warmed on a side stream first): the median replay."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -31,18 +36,7 @@ def timed(fn, reps=20):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return _time_ms(g.replay, iters=reps) / 1e3
 
 
 def main():
