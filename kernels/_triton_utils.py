@@ -33,7 +33,28 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     use_triton() is False then)."""
     if fn is None:
         return lambda f: jit(f, **options)
-    return triton.jit(fn, **options) if HAS_TRITON else fn
+    if not HAS_TRITON:
+        return fn
+    kernel = triton.jit(fn, **options)
+    KERNELS.append(kernel)
+    return kernel
+
+
+KERNELS: list[Any] = []  # every kernel made by `jit` (compiled_variants counts their compiles)
+
+
+def compiled_variants() -> dict[str, int]:
+    """Compiled variants of each of our Triton kernels that has any, by name, over all devices (Triton compiles
+    one per constexpr combination and per argument specialization: an int's divisibility by 16, a pointer's
+    16-byte alignment). A count that grows while a workload runs means a compile inside its timing."""
+    out: dict[str, int] = {}
+    for k in KERNELS:
+        caches = getattr(k, "device_caches", None) or {}
+        n = sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and c and isinstance(c[0], dict))
+        if n:
+            name = getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?")
+            out[name] = out.get(name, 0) + n
+    return out
 
 
 def constexpr(x: float) -> Any:
