@@ -31,6 +31,11 @@ SHARED_PREFIX = 64  # >= scheduler.MIN_SHARED_PREFIX: batches over it take the c
 # (requests, extend each) of the cascade batches: small batches, and batches past the graphs' 512-token budget
 # whose longest extend selects each BLOCK_M of the own-keys pass (16, 32, 64)
 CASCADE_BATCHES = ((4, 3), (4, 12), (40, 14), (20, 28), (5, 130))
+# (requests, extend each) of batches of distinct prompts past the graphs' token budget: the plain (no cascade)
+# eager extend at BLOCK_M 16 and 32 (600 above takes 64). Many short extends in one round (200 JSON programs'
+# jump-forward continuations, 64 chat turns) run so; on the H200 their first such round compiled both variants
+# inside the timing (benchmarks/results/NOTES.md, 2026-12-03)
+EAGER_BATCHES = ((40, 14), (20, 28))
 
 
 def warm_up(engine: Engine) -> float:
@@ -49,6 +54,10 @@ def warm_up(engine: Engine) -> float:
     for i, n in enumerate(PREFILL_LENGTHS):  # one request per tile size, decode at batch 1 afterwards
         if n <= room:
             engine.generate(input_ids=ids(n, 1_000 * i), sampling_params=greedy)
+    for j, (count, n) in enumerate(EAGER_BATCHES):  # distinct first tokens: no prefix is shared or cached
+        if count * (n + 6) <= room and count <= engine.config.max_running_requests:
+            engine.generate(input_ids=[ids(n + k % 3, 20_000 + 1_000 * j + 37 * k) for k in range(count)],
+                            sampling_params=greedy)
     shared = ids(SHARED_PREFIX, 50)
     if SHARED_PREFIX + 16 <= room:
         engine.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache it
