@@ -109,7 +109,11 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
 
     def can_run(self, spec: BatchSpec) -> bool:
-        return spec.mode is ForwardMode.DECODE and spec.batch_size <= self.max_bs and not spec.mm_rows
+        return spec.mode is ForwardMode.DECODE and self.fits(spec.batch_size) and not spec.mm_rows
+
+    def fits(self, batch_size: int) -> bool:
+        """Whether a decode batch of this many text requests replays a graph."""
+        return batch_size <= self.max_bs
 
     def replay(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (b, hidden) of a decode batch of b <= max_bs requests: a view into the graph's output,

@@ -6,7 +6,8 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
   for passing them to `logits(hidden, rows)`: (len(rows), vocab) float32 for those rows (all when None);
 - `attention_backend`: the name of the attention backend the model runs with;
 - `graphs`, `extend_graphs`: the decode and small-extend CUDA graphs (engine/cuda_graph.py) when they run, else
-  None; `forward` sets spec.graphed when it replayed one;
+  None; `forward` sets spec.graphed when it replayed one; `replays_graph(spec)` says beforehand whether it will
+  (the scheduler then skips the cascade's bookkeeping, which a replay does not read);
 - `supports_overlap` (optional, default False): `forward` accepts a decode spec whose ids are on the device
   (`spec.input_ids_device`), so the scheduler may overlap steps;
 - `encode(item)`: encoder features of an image or video (multimodal models);
@@ -97,6 +98,8 @@ class Runner(Protocol):
     kv_pool: KVPool
     req_pool: ReqToTokenPool
 
+    def replays_graph(self, spec: BatchSpec) -> bool: ...
+
     def forward(self, spec: BatchSpec) -> Any: ...
 
     def logits(self, hidden: Any, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor: ...
@@ -186,6 +189,12 @@ class ModelRunner:
         log.info("model %s on %s/%s (weights: %s, %.2f GiB), KV pool %d tokens (%.2f GiB), CUDA graphs %.2f GiB, "
                  "attention %s", source.name, self.device, self.dtype, self.quantization, weights / 2**30,
                  self.kv_pool.size, kv_bytes / 2**30, graph_bytes / 2**30, self.attention_backend)
+
+    def replays_graph(self, spec: BatchSpec) -> bool:
+        """Whether forward(spec) will replay a CUDA graph (which reads each request's whole key range: the
+        batch's shared prefix and groups are not used, so the scheduler need not work them out)."""
+        return ((self.graphs is not None and self.graphs.can_run(spec))
+                or (self.extend_graphs is not None and self.extend_graphs.can_run(spec)))
 
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""

@@ -426,12 +426,14 @@ class Scheduler:
     def _forward(self, spec: BatchSpec, reqs: list[Req]) -> Any:
         """Run the model (cascade attention over the batch's shared prefix). A failure fails these requests
         only: their new slots are already in their rows, so count them in before releasing."""
-        shared = 0 if self.config.disable_cascade else self.kv.shared_prefix_len(reqs)
+        # a graph replay reads every request's whole key range: the shared prefix is worked out (a walk of
+        # every request's tree path, each step) only for forwards that run eagerly
+        cascade = not self.config.disable_cascade and not self.runner.replays_graph(spec)
+        shared = self.kv.shared_prefix_len(reqs) if cascade else 0
         spec.shared_len = shared if shared >= MIN_SHARED_PREFIX else 0
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(spec)
-            # a graph replay reads every request's whole key range (no cascade)
             self.counters.cascade_batches += not spec.graphed and (
                 spec.shared_len > 0 or any(g[2] for g in spec.groups or ()))
             self.counters.graphed_forwards += spec.graphed
@@ -488,8 +490,12 @@ class Scheduler:
         reqs = self._with(ReqStatus.RUNNING)
         if not reqs:
             return
-        order, groups = self._groups(reqs)
-        reqs = [reqs[i] for i in order]
+        graphs = self.runner.graphs
+        if graphs is None or not graphs.fits(len(reqs)):  # a graph replay reads whole key ranges: no groups
+            order, groups = self._groups(reqs)
+            reqs = [reqs[i] for i in order]
+        else:
+            groups = None
         spec = self._decode_spec(reqs, [r.output_ids[-1] for r in reqs], groups=groups)
         hidden = self._forward(spec, reqs)
         if hidden is None:

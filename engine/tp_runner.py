@@ -225,6 +225,9 @@ class TPModelRunner:
         return [p.pid for p in self._procs]
 
     # ---- the runner contract --------------------------------------------------------------------------------
+    def replays_graph(self, spec: BatchSpec) -> bool:
+        return False  # the workers run every forward eagerly
+
     def forward(self, spec: BatchSpec) -> RemoteHidden:
         """Run the batch on every worker; returns the logits of each request's last row (see RemoteHidden)."""
         rows, cols, vals = self.req_pool.take_writes()

@@ -260,6 +260,39 @@ def test_graph_decode_padded_batches(engines, graph_engine, n):
     assert eng.get_stats()["cuda_graph"]["replays"] == eng.runner.graphs.replays
 
 
+
+def test_graph_decode_over_a_shared_prefix_skips_the_cascade_bookkeeping(engines, graph_engine):
+    """Requests decoding over a cached prefix they share replay the decode graph, which reads each request's
+    whole key range: the scheduler hands such batches no groups and no shared length (it used to work them out
+    every step, a walk of every request's tree path: the radix cache's host overhead on a GPU). Their tokens'
+    logprobs still equal the torch backend's."""
+    ref, eng = engines["torch"], graph_engine
+    eng.flush_cache()
+    shared = eng.tokenizer.encode(PREFIX + " Each request below continues this text.")
+    assert len(shared) >= 40  # above the scheduler's MIN_SHARED_PREFIX
+    eng.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cached
+    prompts = [shared + eng.tokenizer.encode(f" Item {i}:") for i in range(5)]
+    seen: list[tuple[bool, int, object]] = []
+    runner, original = eng.runner, eng.runner.forward
+
+    def spy(spec):
+        out = original(spec)
+        seen.append((spec.mode.name, spec.graphed, spec.shared_len, spec.groups))
+        return out
+
+    runner.forward = spy
+    try:
+        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 6, "temperature": 0,
+                                                                "ignore_eos": True}, return_logprob=True)
+    finally:
+        del runner.forward
+    graphed = [s for s in seen if s[0] == "DECODE" and s[1]]
+    assert len(graphed) >= 4, seen
+    assert all(shared_len == 0 and groups is None for _, _, shared_len, groups in graphed), graphed
+    for ids, out in zip(prompts, outs):
+        assert out["meta_info"]["cached_tokens"] >= len(shared) - 1
+        _teacher_forced(ref, ids, out)
+
 def test_overlap_through_the_graphs_matches_step_by_step(graph_engine):
     """Overlap scheduling feeds the decode graphs the previous step's tokens on the device (input_ids_device):
     the same tokens and logprobs as stepping one at a time, across batch sizes that cross ladder steps."""
