@@ -14,9 +14,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
+    """The commit measured: $SGNB_COMMIT when set (a device call's copy of the tree carries the session's first
+    commit as HEAD and the rest as uncommitted changes), else HEAD, with "-dirty" when the tree differs."""
+    if os.environ.get("SGNB_COMMIT"):
+        return os.environ["SGNB_COMMIT"]
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent,
+        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent,
                                        text=True, stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"],
+                                        cwd=RESULTS.parent, text=True, stderr=subprocess.DEVNULL).strip()
+        return head + ("-dirty" if dirty else "")
     except Exception:
         return "unknown"
 

@@ -10,16 +10,17 @@ set -u
 source benchmarks/gpu/setup.sh
 common=(--scale gpu --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2 --timeout ${CHILD_S:-100})
 t0=$(date +%s)
-timeout ${JJF_S:-110} python3 -P benchmarks/bench_suite.py "${common[@]}" --systems sgnb-no-radix,sgnb --repeat 2 \
+timeout ${JJF_S:-105} python3 -P benchmarks/bench_suite.py "${common[@]}" --systems sgnb-no-radix,sgnb --repeat 2 \
   --workloads json_jump_forward --out $OUT/jjf.json > $OUT/jjf.log 2>&1
 echo "jjf rc=$? $(( $(date +%s) - t0 ))s"
 python3 benchmarks/gpu/suite_summary.py $OUT/jjf.json | grep -v "    slow" | cut -c1-300
 python3 -c "import json,os; [print(w['system'], w.get('runs_programs_per_s')) for w in json.load(open(os.environ['OUT']+'/jjf.json'))['workloads']]"
 t0=$(date +%s)
-timeout ${TRACE_S:-165} python3 -P benchmarks/bench_suite.py "${common[@]}" --systems sgnb-no-radix,sgnb \
+timeout ${TRACE_S:-160} python3 -P benchmarks/bench_suite.py "${common[@]}" --systems sgnb-no-radix,sgnb \
   --workloads serving_trace --out $OUT/trace.json > $OUT/trace.log 2>&1
 echo "trace rc=$? $(( $(date +%s) - t0 ))s"
 python3 benchmarks/gpu/suite_summary.py $OUT/trace.json | grep -v "    slow" | cut -c1-400
+[ -n "${SKIP_DECODE:-}" ] && exit 0
 t0=$(date +%s)
 timeout ${DECODE_S:-75} python3 -P benchmarks/bench_attention.py --no-layers --engine --graphs on --backends triton \
   --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2 --engine-batches 1,8,64,128 --out $OUT/decode.json \

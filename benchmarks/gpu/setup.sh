@@ -9,6 +9,9 @@
 # of its suite children then timed out at 75 s. On a FRESH machine the carried cache did not spare the build
 # either (call 5: engine warm-up 83.5 s with the cache unpacked and touched): budget ~90 s for it, or run triton.
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
+# the commit measured (written here before the call: `git rev-parse --short HEAD > .gpu/commit`); the copy of the tree
+# on the device carries the session's first commit as HEAD and later ones as uncommitted changes
+[ -f .gpu/commit ] && export SGNB_COMMIT=$(cat .gpu/commit)
 stamp=$(sha1sum .whl/*.whl | sha1sum | cut -c1-16)
 if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$stamp" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
