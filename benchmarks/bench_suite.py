@@ -322,6 +322,9 @@ def main() -> None:
             for system in runnable if k % 2 == 0 else runnable[::-1]:
                 r = run_pair(name, system, args)
                 results[system] = _best(results.get(system), r)
+                # every finished child is on disk at once: a device call cut short keeps what it measured
+                _write(args, rows + _rows(name, results, peak, params), skipped, peak, params,
+                       time.perf_counter() - t_start)
                 if r["status"].startswith(("failed", "timeout")):
                     print(f"   {system:<22} {r['status']}", flush=True)
                 else:
@@ -329,7 +332,6 @@ def main() -> None:
                           f"hit {_fmt(r.get('cache_hit_rate'))}  {r['status'] if r['status'] != 'ok' else ''}",
                           flush=True)
         rows += _rows(name, results, peak, params)
-        path = _write(args, rows, skipped, peak, params, time.perf_counter() - t_start)  # partial results survive
     total = time.perf_counter() - t_start
     ratios, targets = _ratios(rows)
     _print_table(rows)
