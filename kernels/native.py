@@ -6,8 +6,9 @@ without AVX2 + FMA, or with SGNB_NATIVE=0.
 
 The shared library is cached under $SGNB_CACHE_DIR (default ~/.cache/sgnb) by a hash of the source, the flags
 and the compiler's version, written atomically so that concurrent processes (tests, tensor-parallel workers)
-can build it at once. It is loaded after torch, so its OpenMP calls bind to the libgomp torch already loaded
-(one thread pool, not two spinning against each other).
+can build it at once. The GEMVs and attention run on threads of the library's own (cpu_decode.c says why:
+OpenMP put its workers to sleep between the ~150 parallel regions of a step); the module path's elementwise
+kernels use OpenMP, and bind to the libgomp torch already loaded (the library is loaded after torch).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 log = logging.getLogger("sgnb.kernels")
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.c"
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-std=c11"]
 BLOCK = 32  # the kernels' quantization block along K
 MAX_ROWS = 128  # rows of x per GEMV call (the kernel keeps one accumulator per row)
 MAX_GROUP = 16  # query heads per KV head the decode attention takes

@@ -18,12 +18,135 @@
    Built by sgnb.kernels.native with the system C compiler on first use; the Python side checks shapes, and
    the engine uses torch's kernels where this cannot be built. */
 
+#define _GNU_SOURCE
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 #define QK 32
+
+/* ---- our threads ------------------------------------------------------------------------------------------
+
+   The GEMVs and attention split their work over a pool of our own threads, not OpenMP. libgomp spins a waiting
+   thread only while it manages no more threads than there are CPUs; an engine has at least two threads that
+   ran OpenMP work (the one that loaded the model, the scheduler's), so each parallel region then put its
+   worker to sleep and woke it through the kernel: on the 2-core EPYC a decode step's ~150 regions took the
+   120 int4 GEMVs from 1.7 to 4.6 ms, and the step ran no faster on two threads than on one. Our workers spin
+   (pause) between jobs for SPIN_NS, then sleep on a condition variable until the next job: inside one forward
+   they never sleep, between steps they wake once.
+
+   par_for(n, body, ctx, nth, interleave) runs body(ctx, i) for i in [0, n) on nth threads (the caller is
+   thread 0): contiguous shares (a GEMV's columns, each thread streaming its own stretch of weights) or, with
+   interleave, i = ith, ith + nth, ... (attention tasks of uneven size). One job at a time: a call while
+   another thread's job runs (two engines in one process) runs serially on its own thread. */
+
+#define MAX_THREADS 64
+#define SPIN_NS 300000 /* a worker's busy wait for the next job before it sleeps */
+
+typedef void (*body_fn)(const void *ctx, int64_t i);
+
+static struct {
+    pthread_mutex_t busy;  /* held by the thread whose job runs */
+    pthread_mutex_t sleep_lock;
+    pthread_cond_t wake;
+    _Atomic uint64_t job;  /* bumped for each job: the workers' signal */
+    _Atomic int pending;   /* workers still on this job */
+    _Atomic int sleepers;
+    int started;           /* workers running (threads 1 .. started) */
+    pid_t pid;             /* the process that started them (a fork's child starts its own) */
+    body_fn fn;
+    const void *ctx;
+    int64_t n;
+    int nth, interleave;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static void run_share(int ith) {
+    const int64_t n = pool.n, nth = pool.nth;
+    if (pool.interleave) {
+        for (int64_t i = ith; i < n; i += nth) pool.fn(pool.ctx, i);
+    } else {
+        const int64_t lo = n * ith / nth, hi = n * (ith + 1) / nth;
+        for (int64_t i = lo; i < hi; i++) pool.fn(pool.ctx, i);
+    }
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static uint64_t pool_first_job[MAX_THREADS];  /* the job count when each worker was made: it waits for the next */
+
+static void *pool_worker(void *arg) {
+    const int ith = (int)(intptr_t)arg;
+    uint64_t seen = pool_first_job[ith];  /* (not the count when it starts running: the job may be out already) */
+    for (;;) {
+        uint64_t job;
+        int64_t since = 0;
+        for (unsigned spins = 1; (job = atomic_load_explicit(&pool.job, memory_order_acquire)) == seen; spins++) {
+            _mm_pause();
+            if (spins % 256) continue;
+            const int64_t t = now_ns();
+            if (!since) { since = t; continue; }
+            if (t - since < SPIN_NS) continue;
+            atomic_fetch_add(&pool.sleepers, 1);  /* then the job's check below (see par_for) */
+            pthread_mutex_lock(&pool.sleep_lock);
+            while (atomic_load(&pool.job) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
+            pthread_mutex_unlock(&pool.sleep_lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            since = 0;
+        }
+        seen = job;
+        if (ith < pool.nth) {
+            run_share(ith);
+            atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
+        }
+    }
+    return NULL;
+}
+
+static int pool_start(int nth) {
+    if (pool.pid != getpid()) pool.started = 0, pool.pid = getpid();  /* a forked child has none of them */
+    while (pool.started < nth - 1) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_t t;
+        pool_first_job[pool.started + 1] = atomic_load(&pool.job);
+        const int rc = pthread_create(&t, &attr, pool_worker, (void *)(intptr_t)(pool.started + 1));
+        pthread_attr_destroy(&attr);
+        if (rc) break;
+        pool.started++;
+    }
+    return pool.started + 1 < nth ? pool.started + 1 : nth;
+}
+
+static void par_for(int64_t n, body_fn body, const void *ctx, int nth, int interleave) {
+    if (nth > MAX_THREADS) nth = MAX_THREADS;
+    if (nth > n) nth = (int)n;
+    if (nth <= 1 || pthread_mutex_trylock(&pool.busy) != 0) {
+        for (int64_t i = 0; i < n; i++) body(ctx, i);
+        return;
+    }
+    nth = pool_start(nth);
+    pool.fn = body, pool.ctx = ctx, pool.n = n, pool.nth = nth, pool.interleave = interleave;
+    atomic_store(&pool.pending, nth - 1);
+    atomic_fetch_add(&pool.job, 1);  /* seq_cst: a worker that saw no sleepers' wake-up sees this job */
+    if (atomic_load(&pool.sleepers)) {
+        pthread_mutex_lock(&pool.sleep_lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.sleep_lock);
+    }
+    run_share(0);
+    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) _mm_pause();
+    pthread_mutex_unlock(&pool.busy);
+}
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -174,6 +297,78 @@ static inline __attribute__((always_inline)) void q8_two_columns(const int8_t *w
     }
 }
 
+struct q8_job {
+    const int8_t *wq, *xq;
+    const float *wd, *dx, *sx;
+    float *y;
+    int64_t M, K, N, first_col;
+};
+
+static void q8_vnni_tile(const void *p, int64_t i) {  /* columns 4i .. 4i + 3, every row */
+    const struct q8_job *j = p;
+    for (int64_t r0 = 0; r0 < j->M; r0 += 4)
+        q8_tile_rows_vnni(j->wq, j->wd, j->xq, j->dx, j->sx, j->y, 4 * i, r0, j->M - r0 < 4 ? (int)(j->M - r0) : 4,
+                          j->K, j->N);
+}
+
+static void q8_pair(const void *p, int64_t i) {  /* columns 2i, 2i + 1, every row */
+    const struct q8_job *j = p;
+    for (int64_t r0 = 0; r0 < j->M; r0 += 4) {
+        const int R = j->M - r0 < 4 ? (int)(j->M - r0) : 4;
+        switch (R) {  /* a constant R for each inlined copy: its loops unroll */
+        case 4: q8_two_columns(j->wq, j->wd, j->xq, j->dx, j->y, 2 * i, r0, 4, j->K, j->N); break;
+        case 3: q8_two_columns(j->wq, j->wd, j->xq, j->dx, j->y, 2 * i, r0, 3, j->K, j->N); break;
+        case 2: q8_two_columns(j->wq, j->wd, j->xq, j->dx, j->y, 2 * i, r0, 2, j->K, j->N); break;
+        default: q8_two_columns(j->wq, j->wd, j->xq, j->dx, j->y, 2 * i, r0, 1, j->K, j->N); break;
+        }
+    }
+}
+
+/* one row: the four columns 4i .. 4i + 3 (adjacent in memory) share each block of xq, four accumulators */
+static void q8_row_tile(const void *p, int64_t i) {
+    const struct q8_job *j = p;
+    const int64_t n = 4 * i, K = j->K, G = K / QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *w = j->wq + n * K;
+    const float *d = j->wd + n * G, *dx = j->dx;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t g = 0; g < G; g++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->xq + g * QK));
+#define Q8_STEP(A, C)                                                                                        \
+        {                                                                                                   \
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + C * K + g * QK));                    \
+            const __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv),             \
+                                                                      _mm256_sign_epi8(xv, wv)), ones);      \
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(d[C * G + g] * dx[g]), A);            \
+        }
+        Q8_STEP(a0, 0) Q8_STEP(a1, 1) Q8_STEP(a2, 2) Q8_STEP(a3, 3)
+#undef Q8_STEP
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(j->y + n, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+static void q8_column(const void *p, int64_t i) {  /* column first_col + i on its own, every row */
+    const struct q8_job *j = p;
+    const int64_t n = j->first_col + i, M = j->M, K = j->K, G = K / QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MAX_ROWS];
+    for (int64_t r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();
+    const int8_t *wr = j->wq + n * K;
+    const float *dr = j->wd + n * G;
+    for (int64_t g = 0; g < G; g++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(wr + g * QK));
+        const __m256i aw = _mm256_sign_epi8(w, w);  /* |w| as the unsigned operand, w's sign moved to x */
+        const float d = dr[g];
+        for (int64_t r = 0; r < M; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->xq + r * K + g * QK));
+            const __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr), _mm256_set1_ps(d * j->dx[r * G + g]), acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < M; r++) j->y[r * j->N + n] = hsum8(acc[r]);
+}
+
 int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, int64_t M, int64_t K, int64_t N,
                  int nthreads) {
     if (M > MAX_ROWS || K % QK) return 1;
@@ -182,54 +377,25 @@ int sgnb_q8_gemv(const int8_t *wq, const float *wd, const float *x, float *y, in
     float *dx = malloc(sizeof(float) * (size_t)(M * G));
     if (!xq || !dx) { free(xq); free(dx); return 2; }
     quantize_rows(x, M, K, xq, dx);
-    const __m256i ones = _mm256_set1_epi16(1);
-    int64_t first_col = 0;
+    struct q8_job job = {wq, xq, wd, dx, NULL, y, M, K, N, 0};
     if (M > 1 && isa == ISA_AVX512_VNNI && N >= 4) {
-        const int64_t N4 = N / 4 * 4;
         float *sx = malloc(sizeof(float) * (size_t)(M * G));
         if (!sx) { free(xq); free(dx); return 2; }
         block_sums(xq, dx, sx, M * G);
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t n = 0; n < N4; n += 4)
-            for (int64_t r0 = 0; r0 < M; r0 += 4)
-                q8_tile_rows_vnni(wq, wd, xq, dx, sx, y, n, r0, M - r0 < 4 ? (int)(M - r0) : 4, K, N);
+        job.sx = sx;
+        par_for(N / 4, q8_vnni_tile, &job, nthreads, 0);
         free(sx);
-        first_col = N4;
+        job.first_col = N / 4 * 4;
     } else if (M > 1) {
         /* several rows: two columns against up to four rows at a time, each weight block loaded once for the
            rows and each row's block once for both columns, the accumulators in registers */
-        const int64_t N2 = N / 2 * 2;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t n = 0; n < N2; n += 2)
-            for (int64_t r0 = 0; r0 < M; r0 += 4) {
-                const int R = M - r0 < 4 ? (int)(M - r0) : 4;
-                switch (R) {  /* a constant R for each inlined copy: its loops unroll */
-                case 4: q8_two_columns(wq, wd, xq, dx, y, n, r0, 4, K, N); break;
-                case 3: q8_two_columns(wq, wd, xq, dx, y, n, r0, 3, K, N); break;
-                case 2: q8_two_columns(wq, wd, xq, dx, y, n, r0, 2, K, N); break;
-                default: q8_two_columns(wq, wd, xq, dx, y, n, r0, 1, K, N); break;
-                }
-            }
-        first_col = N2;
+        par_for(N / 2, q8_pair, &job, nthreads, 0);
+        job.first_col = N / 2 * 2;
+    } else {
+        par_for(N / 4, q8_row_tile, &job, nthreads, 0);
+        job.first_col = N / 4 * 4;
     }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = first_col; n < N; n++) {
-        __m256 acc[MAX_ROWS];
-        for (int64_t r = 0; r < M; r++) acc[r] = _mm256_setzero_ps();
-        const int8_t *wr = wq + n * K;
-        const float *dr = wd + n * G;
-        for (int64_t g = 0; g < G; g++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(wr + g * QK));
-            const __m256i aw = _mm256_sign_epi8(w, w);  /* |w| as the unsigned operand, w's sign moved to x */
-            const float d = dr[g];
-            for (int64_t r = 0; r < M; r++) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK));
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx[r * G + g]), acc[r]);
-            }
-        }
-        for (int64_t r = 0; r < M; r++) y[r * N + n] = hsum8(acc[r]);
-    }
+    par_for(N - job.first_col, q8_column, &job, nthreads, 0);
     free(xq); free(dx);
     return 0;
 }
@@ -384,6 +550,163 @@ static void AVX512_VNNI q4_tile_rows_vnni(const uint8_t *tile, int64_t G, float 
     }
 }
 
+struct q4_job {
+    const uint8_t *wq;
+    const uint16_t *wd, *wm;
+    const int8_t *xq, *xp;  /* xp: the one-row path's pairs of blocks, or the rows' pairs (several rows) */
+    const float *dx, *sx, *dxp;
+    float *y;
+    int64_t M, K, N, first_col;
+};
+
+/* one row: the four columns 4i .. 4i + 3 share each block of xq, four accumulators in flight, one reduction */
+static void q4_row_tile(const void *p, int64_t i) {
+    const struct q4_job *j = p;
+    const int64_t n = 4 * i, K = j->K, G = K / QK;
+    const uint16_t *wd = j->wd, *wm = j->wm;
+    const float *dx = j->dx, *sx = j->sx;
+    const int8_t *xp = j->xp, *xq = j->xq;
+    const __m256i ones = _mm256_set1_epi16(1), low8 = _mm256_set1_epi8(0x0F);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    float ds[4][MAX_BLOCKS];
+    float mt[4];
+    for (int c = 0; c < 4; c++) {  /* the blocks' d * dx, and the m terms' sum */
+        const uint16_t *dh = wd + (n + c) * G, *mh = wm + (n + c) * G;
+        __m256 t8 = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= G; g += 8) {
+            _mm256_storeu_ps(ds[c] + g, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + g))),
+                                                      _mm256_loadu_ps(dx + g)));
+            t8 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + g))),
+                                 _mm256_loadu_ps(sx + g), t8);
+        }
+        float t = hsum8(t8);
+        for (; g < G; g++) { ds[c][g] = _cvtsh_ss(dh[g]) * dx[g]; t += _cvtsh_ss(mh[g]) * sx[g]; }
+        mt[c] = t;
+    }
+    const uint8_t *tile = j->wq + n * G * 16;  /* four columns' blocks, pair by pair */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    int64_t g = 0;
+    /* two blocks per 32-byte load: its low nibbles are codes 0-15 of both, the high ones codes 16-31, matched by
+       xp's order; the int32 lanes 0-3 then sum block g, lanes 4-7 block g + 1 */
+    for (; g + 2 <= G; g += 2) {
+        _mm_prefetch((const char *)(tile + g * 64 + Q4_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(tile + g * 64 + 64 + Q4_PREFETCH), _MM_HINT_T0);
+        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xp + g * QK));
+        const __m256i xb = _mm256_loadu_si256((const __m256i *)(xp + g * QK + 32));
+#define Q4_PAIR(A, C)                                                                                        \
+        {                                                                                                   \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * 64 + C * 32));                 \
+            const __m256i lo = _mm256_and_si256(v, low8), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low8); \
+            const __m256i p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),                 \
+                                                                 _mm256_maddubs_epi16(hi, xb)), ones);          \
+            const __m256 sc = _mm256_permutevar8x32_ps(                                                     \
+                _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&ds[C][g]))), spread); \
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, A);                                               \
+        }
+        Q4_PAIR(a0, 0) Q4_PAIR(a1, 1) Q4_PAIR(a2, 2) Q4_PAIR(a3, 3)
+#undef Q4_PAIR
+    }
+    for (; g < G; g++) {  /* an odd last block: 16 bytes per column after the pairs */
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + g * QK));
+#define Q4_STEP(A, C)                                                                                        \
+        {                                                                                                   \
+            const __m128i v = _mm_loadu_si128((const __m128i *)(tile + g * 64 + C * 16));                    \
+            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low)); \
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);                          \
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[C][g]), A);                   \
+        }
+        Q4_STEP(a0, 0) Q4_STEP(a1, 1) Q4_STEP(a2, 2) Q4_STEP(a3, 3)
+#undef Q4_STEP
+    }
+    /* four horizontal sums at once: hadd pairs, then fold the 128-bit halves */
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(j->y + n, _mm_add_ps(r, _mm_loadu_ps(mt)));
+}
+
+/* several rows: the tile of columns 4i .. 4i + 3 against up to four rows at a time */
+static void q4_rows_tile(const void *p, int64_t i) {
+    const struct q4_job *j = p;
+    const int64_t n = 4 * i, M = j->M, K = j->K, N = j->N, G = K / QK;
+    float d[4][MAX_BLOCKS], m[4][MAX_BLOCKS];
+    for (int c = 0; c < 4; c++) { halfs_to_floats(j->wd + (n + c) * G, d[c], G); halfs_to_floats(j->wm + (n + c) * G, m[c], G); }
+    const uint8_t *tile = j->wq + n * G * 16;
+    for (int64_t r0 = 0; r0 < M; r0 += 4) {
+        float out[4][4];
+        const int R = M - r0 < 4 ? (int)(M - r0) : 4;
+        if (isa == ISA_AVX512_VNNI) {
+            q4_tile_rows_vnni(tile, G, d, j->xp, j->dxp, j->xq, j->dx, r0, R, K, out);
+        } else {
+            for (int64_t c0 = 0; c0 < 4; c0 += 2) {
+                float half[2][4];
+                switch (R) {  /* a constant R for each copy of the inlined kernel: its loops unroll */
+                case 4: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], j->xp, j->dxp, j->xq, j->dx, r0, 4, K, half); break;
+                case 3: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], j->xp, j->dxp, j->xq, j->dx, r0, 3, K, half); break;
+                case 2: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], j->xp, j->dxp, j->xq, j->dx, r0, 2, K, half); break;
+                default: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], j->xp, j->dxp, j->xq, j->dx, r0, 1, K, half); break;
+                }
+                for (int r = 0; r < R; r++) { out[c0][r] = half[0][r]; out[c0 + 1][r] = half[1][r]; }
+            }
+        }
+        for (int c = 0; c < 4; c++)
+            for (int r = 0; r < R; r++)  /* + the m terms: sum over blocks of m dx sum(xq) */
+                j->y[(r0 + r) * N + n + c] = out[c][r] + dot_n(m[c], j->sx + (r0 + r) * G, G);
+    }
+}
+
+/* column first_col + i on its own (the tiles' last N % 4 columns), every row: blocks g, g + 1 (g even) at
+   wr + g / 2 * 32, the odd last one at `last` */
+static void q4_column(const void *p, int64_t i) {
+    const struct q4_job *j = p;
+    const int64_t n = j->first_col + i, M = j->M, K = j->K, G = K / QK;
+    const int8_t *xq = j->xq;
+    const float *dx = j->dx;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    float d[MAX_BLOCKS], m[MAX_BLOCKS];
+    halfs_to_floats(j->wd + n * G, d, G);
+    halfs_to_floats(j->wm + n * G, m, G);
+    const uint8_t *wr = j->wq + n * G * (QK / 2);
+    const int64_t pair_stride = 32;
+    const uint8_t *last = j->wq + n * G * 16 + (G - 1) * 16;
+    __m256 acc[MAX_ROWS], acc2[MAX_ROWS];
+    for (int64_t r = 0; r < M; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {
+        const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride));
+        const __m128i v1 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride + 16));
+        const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
+        const __m256i q1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v1, 4), low), _mm_and_si128(v1, low));
+        for (int64_t r = 0; r < M; r++) {
+            const int8_t *xr = xq + r * K + g * QK;
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)xr)), ones);
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(xr + QK))), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
+            acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d[g + 1] * dx[r * G + g + 1]), acc2[r]);
+        }
+    }
+    for (; g < G; g++) {  /* the odd last block */
+        const __m128i v0 = _mm_loadu_si128((const __m128i *)last);
+        const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
+        for (int64_t r = 0; r < M; r++) {
+            const __m256i p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK))), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < M; r++) {
+        const float *sr = j->sx + r * G;
+        __m256 macc = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= G; k += 8) macc = _mm256_fmadd_ps(_mm256_loadu_ps(m + k), _mm256_loadu_ps(sr + k), macc);
+        float tail = 0.0f;
+        for (; k < G; k++) tail += m[k] * sr[k];
+        j->y[r * j->N + n] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r], acc2[r]), macc)) + tail;
+    }
+}
+
 int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int64_t M,
                  int64_t K, int64_t N, int nthreads) {
     if (M > MAX_ROWS || K % QK || K / QK > MAX_BLOCKS) return 1;
@@ -393,88 +716,23 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
     if (!xq || !dx || !sx) { free(xq); free(dx); free(sx); return 2; }
     quantize_rows(x, M, K, xq, dx);
     block_sums(xq, dx, sx, M * G);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m128i low = _mm_set1_epi8(0x0F);
+    struct q4_job job = {wq, wd, wm, xq, NULL, dx, sx, NULL, y, M, K, N, 0};
     if (M == 1) {
-        /* one row: four columns at a time share each block of xq, four accumulators in flight, one reduction */
-        const int64_t N4 = N / 4 * 4;
-        const __m256i low8 = _mm256_set1_epi8(0x0F);
         int8_t *xp = aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
         if (!xp) { free(xq); free(dx); free(sx); return 2; }
         for (int64_t g = 0; g + 2 <= G; g += 2)  /* pairs of blocks: [a0-15 b0-15] [a16-31 b16-31] */
-            for (int j = 0; j < 16; j++) {
-                xp[g * QK + j] = xq[g * QK + j];
-                xp[g * QK + 16 + j] = xq[(g + 1) * QK + j];
-                xp[g * QK + 32 + j] = xq[g * QK + 16 + j];
-                xp[g * QK + 48 + j] = xq[(g + 1) * QK + 16 + j];
+            for (int k = 0; k < 16; k++) {
+                xp[g * QK + k] = xq[g * QK + k];
+                xp[g * QK + 16 + k] = xq[(g + 1) * QK + k];
+                xp[g * QK + 32 + k] = xq[g * QK + 16 + k];
+                xp[g * QK + 48 + k] = xq[(g + 1) * QK + 16 + k];
             }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t n = 0; n < N4; n += 4) {
-            float ds[4][MAX_BLOCKS];
-            float mt[4];
-            for (int c = 0; c < 4; c++) {  /* the blocks' d * dx, and the m terms' sum */
-                const uint16_t *dh = wd + (n + c) * G, *mh = wm + (n + c) * G;
-                __m256 t8 = _mm256_setzero_ps();
-                int64_t g = 0;
-                for (; g + 8 <= G; g += 8) {
-                    _mm256_storeu_ps(ds[c] + g, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + g))),
-                                                              _mm256_loadu_ps(dx + g)));
-                    t8 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + g))),
-                                         _mm256_loadu_ps(sx + g), t8);
-                }
-                float t = hsum8(t8);
-                for (; g < G; g++) { ds[c][g] = _cvtsh_ss(dh[g]) * dx[g]; t += _cvtsh_ss(mh[g]) * sx[g]; }
-                mt[c] = t;
-            }
-            const uint8_t *tile = wq + n * G * 16;  /* four columns' blocks, pair by pair */
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-            int64_t g = 0;
-            /* two blocks per 32-byte load: its low nibbles are codes 0-15 of both, the high ones codes 16-31,
-               matched by xp's order; the int32 lanes 0-3 then sum block g, lanes 4-7 block g + 1 */
-            for (; g + 2 <= G; g += 2) {
-                _mm_prefetch((const char *)(tile + g * 64 + Q4_PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(tile + g * 64 + 64 + Q4_PREFETCH), _MM_HINT_T0);
-                const __m256i xa = _mm256_loadu_si256((const __m256i *)(xp + g * QK));
-                const __m256i xb = _mm256_loadu_si256((const __m256i *)(xp + g * QK + 32));
-#define Q4_PAIR(A, C)                                                                                        \
-                {                                                                                           \
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * 64 + C * 32));         \
-                    const __m256i lo = _mm256_and_si256(v, low8), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low8); \
-                    const __m256i p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),         \
-                                                                         _mm256_maddubs_epi16(hi, xb)), ones);  \
-                    const __m256 sc = _mm256_permutevar8x32_ps(                                             \
-                        _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&ds[C][g]))), spread); \
-                    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, A);                                       \
-                }
-                Q4_PAIR(a0, 0) Q4_PAIR(a1, 1) Q4_PAIR(a2, 2) Q4_PAIR(a3, 3)
-#undef Q4_PAIR
-            }
-            for (; g < G; g++) {  /* an odd last block: 16 bytes per column after the pairs */
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + g * QK));
-#define Q4_STEP(A, C)                                                                                        \
-                {                                                                                           \
-                    const __m128i v = _mm_loadu_si128((const __m128i *)(tile + g * 64 + C * 16));            \
-                    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low),              \
-                                                       _mm_and_si128(v, low));                               \
-                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);                  \
-                    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[C][g]), A);           \
-                }
-                Q4_STEP(a0, 0) Q4_STEP(a1, 1) Q4_STEP(a2, 2) Q4_STEP(a3, 3)
-#undef Q4_STEP
-            }
-            /* four horizontal sums at once: hadd pairs, then fold the 128-bit halves */
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            _mm_storeu_ps(y + n, _mm_add_ps(r, _mm_loadu_ps(mt)));
-        }
+        job.xp = xp;
+        par_for(N / 4, q4_row_tile, &job, nthreads, 0);
         free(xp);
-        if (N4 == N) { free(xq); free(dx); free(sx); return 0; }
-        wq += N4 * G * 16; wd += N4 * G; wm += N4 * G; y += N4; N -= N4;  /* the last columns below */
-    }
-    int64_t first_col = 0;  /* columns from here on are on their own (the tiles' last N % 4 columns) */
-    if (M > 1 && N >= 4) {
-        const int64_t N4 = N / 4 * 4, P = G / 2;
+        job.first_col = N / 4 * 4;
+    } else if (N >= 4) {
+        const int64_t P = G / 2;
         int8_t *xp = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
         float *dxp = aligned_alloc(64, sizeof(float) * (size_t)((M * P * 8 + 15) / 16 * 16 + 16));
         if (!xp || !dxp) { free(xp); free(dxp); free(xq); free(dx); free(sx); return 2; }
@@ -482,83 +740,15 @@ int sgnb_q4_gemv(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, cons
             for (int64_t p = 0; p < P; p++) {
                 const int8_t *a = xq + r * K + 2 * p * QK, *b = a + QK;
                 int8_t *o = xp + r * K + p * 64;
-                for (int j = 0; j < 16; j++) { o[j] = a[j]; o[16 + j] = b[j]; o[32 + j] = a[16 + j]; o[48 + j] = b[16 + j]; }
-                for (int j = 0; j < 4; j++) { dxp[(r * P + p) * 8 + j] = dx[r * G + 2 * p]; dxp[(r * P + p) * 8 + 4 + j] = dx[r * G + 2 * p + 1]; }
+                for (int k = 0; k < 16; k++) { o[k] = a[k]; o[16 + k] = b[k]; o[32 + k] = a[16 + k]; o[48 + k] = b[16 + k]; }
+                for (int k = 0; k < 4; k++) { dxp[(r * P + p) * 8 + k] = dx[r * G + 2 * p]; dxp[(r * P + p) * 8 + 4 + k] = dx[r * G + 2 * p + 1]; }
             }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t n = 0; n < N4; n += 4) {
-            float d[4][MAX_BLOCKS], m[4][MAX_BLOCKS];
-            for (int c = 0; c < 4; c++) { halfs_to_floats(wd + (n + c) * G, d[c], G); halfs_to_floats(wm + (n + c) * G, m[c], G); }
-            const uint8_t *tile = wq + n * G * 16;
-            for (int64_t r0 = 0; r0 < M; r0 += 4) {
-                float out[4][4];
-                const int R = M - r0 < 4 ? (int)(M - r0) : 4;
-                if (isa == ISA_AVX512_VNNI) {
-                    q4_tile_rows_vnni(tile, G, d, xp, dxp, xq, dx, r0, R, K, out);
-                } else {
-                    for (int64_t c0 = 0; c0 < 4; c0 += 2) {
-                        float half[2][4];
-                        switch (R) {  /* a constant R for each copy of the inlined kernel: its loops unroll */
-                        case 4: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 4, K, half); break;
-                        case 3: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 3, K, half); break;
-                        case 2: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 2, K, half); break;
-                        default: q4_two_columns(tile, c0, G, d[c0], d[c0 + 1], xp, dxp, xq, dx, r0, 1, K, half); break;
-                        }
-                        for (int r = 0; r < R; r++) { out[c0][r] = half[0][r]; out[c0 + 1][r] = half[1][r]; }
-                    }
-                }
-                for (int c = 0; c < 4; c++)
-                    for (int r = 0; r < R; r++)  /* + the m terms: sum over blocks of m dx sum(xq) */
-                        y[(r0 + r) * N + n + c] = out[c][r] + dot_n(m[c], sx + (r0 + r) * G, G);
-            }
-        }
+        job.xp = xp, job.dxp = dxp;
+        par_for(N / 4, q4_rows_tile, &job, nthreads, 0);
         free(xp); free(dxp);
-        first_col = N4;
+        job.first_col = N / 4 * 4;
     }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = first_col; n < N; n++) {
-        float d[MAX_BLOCKS], m[MAX_BLOCKS];
-        halfs_to_floats(wd + n * G, d, G);
-        halfs_to_floats(wm + n * G, m, G);
-        /* a column on its own: blocks g, g + 1 (g even) at wr + g / 2 * 32, the odd last one at `last` */
-        const uint8_t *wr = wq + n * G * (QK / 2);
-        const int64_t pair_stride = 32;
-        const uint8_t *last = wq + n * G * 16 + (G - 1) * 16;
-        __m256 acc[MAX_ROWS], acc2[MAX_ROWS];
-        for (int64_t r = 0; r < M; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 2 <= G; g += 2) {
-            const __m128i v0 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride));
-            const __m128i v1 = _mm_loadu_si128((const __m128i *)(wr + g / 2 * pair_stride + 16));
-            const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
-            const __m256i q1 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v1, 4), low), _mm_and_si128(v1, low));
-            for (int64_t r = 0; r < M; r++) {
-                const int8_t *xr = xq + r * K + g * QK;
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)xr)), ones);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(xr + QK))), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
-                acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d[g + 1] * dx[r * G + g + 1]), acc2[r]);
-            }
-        }
-        for (; g < G; g++) {  /* the odd last block */
-            const __m128i v0 = _mm_loadu_si128((const __m128i *)last);
-            const __m256i q0 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v0, 4), low), _mm_and_si128(v0, low));
-            for (int64_t r = 0; r < M; r++) {
-                const __m256i p0 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK))), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d[g] * dx[r * G + g]), acc[r]);
-            }
-        }
-        for (int64_t r = 0; r < M; r++) {
-            const float *sr = sx + r * G;
-            __m256 macc = _mm256_setzero_ps();
-            int64_t i = 0;
-            for (; i + 8 <= G; i += 8) macc = _mm256_fmadd_ps(_mm256_loadu_ps(m + i), _mm256_loadu_ps(sr + i), macc);
-            float tail = 0.0f;
-            for (; i < G; i++) tail += m[i] * sr[i];
-            y[r * N + n] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r], acc2[r]), macc)) + tail;
-        }
-    }
+    par_for(N - job.first_col, q4_column, &job, nthreads, 0);
     free(xq); free(dx); free(sx);
     return 0;
 }
@@ -615,6 +805,85 @@ static inline float dot(const float *a, const float *b, int64_t D) {
     return hsum8(_mm256_add_ps(s0, s1));
 }
 
+struct attn_job {
+    const float *q, *k_buf, *v_buf;
+    const int64_t *req_to_token, *rows, *starts, *lens, *first;
+    int64_t row_stride, B, H, Hkv, D, G;
+    float scale;
+    float *pm, *pl, *pa, *out, *lse;
+};
+
+/* task t: one (request, KV head, chunk of CHUNK keys), its G query heads' softmax partials */
+static void attn_chunk(const void *p, int64_t t) {
+    const struct attn_job *j = p;
+    const int64_t G = j->G, D = j->D, H = j->H, Hkv = j->Hkv;
+    float sc[MAX_GROUP * CHUNK] __attribute__((aligned(32)));
+    int64_t b = 0, lo = 0, hi = j->B;  /* the request whose tasks hold t: first[b] <= t < first[b + 1] */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (j->first[mid + 1] <= t) lo = mid + 1; else hi = mid;
+    }
+    b = lo;
+    const int64_t len = j->lens[b], chunks = (len + CHUNK - 1) / CHUNK, local = t - j->first[b];
+    const int64_t h = local / chunks, c = local % chunks;
+    const int64_t i0 = c * CHUNK, n = (len - i0 < CHUNK) ? len - i0 : CHUNK;
+    const int64_t *sl = j->req_to_token + j->rows[b] * j->row_stride + j->starts[b] + i0;
+    const float *qh = j->q + (b * H + h * G) * D;
+    for (int64_t i = 0; i < n; i++) {
+        const float *kp = j->k_buf + (sl[i] * Hkv + h) * D;
+        for (int64_t g = 0; g < G; g++) sc[g * CHUNK + i] = dot(qh + g * D, kp, D) * j->scale;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *s = sc + g * CHUNK, m = -INFINITY;
+        for (int64_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 mv = _mm256_set1_ps(m);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+            _mm256_storeu_ps(s + i, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        float l = hsum8(sum);
+        for (; i < n; i++) { s[i] = expf(s[i] - m); l += s[i]; }
+        float *acc = j->pa + (t * G + g) * D;
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+        for (i = 0; i < n; i++) {
+            const float *vp = j->v_buf + (sl[i] * Hkv + h) * D;
+            const __m256 pv = _mm256_set1_ps(s[i]);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vp + d), _mm256_loadu_ps(acc + d)));
+        }
+        j->pm[t * G + g] = m;
+        j->pl[t * G + g] = l;
+    }
+}
+
+/* (request, query head) bh: its chunk partials merged */
+static void attn_merge(const void *p, int64_t bh) {
+    const struct attn_job *j = p;
+    const int64_t G = j->G, D = j->D, H = j->H;
+    const int64_t bb = bh / H, hh = bh % H, h = hh / G, g = hh % G;
+    float *o = j->out + bh * D;
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    const int64_t chunks = (j->lens[bb] + CHUNK - 1) / CHUNK;
+    if (chunks == 0) { j->lse[bh] = -INFINITY; return; }
+    float M = -INFINITY, L = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float m = j->pm[(j->first[bb] + h * chunks + c) * G + g];
+        M = m > M ? m : M;
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t t = j->first[bb] + h * chunks + c;
+        const float w = expf(j->pm[t * G + g] - M);
+        L += w * j->pl[t * G + g];
+        const float *acc = j->pa + (t * G + g) * D;
+        for (int64_t d = 0; d < D; d++) o[d] += w * acc[d];
+    }
+    for (int64_t d = 0; d < D; d++) o[d] /= L;
+    j->lse[bh] = M + logf(L);
+}
+
 int sgnb_paged_decode(const float *q, const float *k_buf, const float *v_buf, const int64_t *req_to_token,
                       int64_t row_stride, const int64_t *rows, const int64_t *starts, const int64_t *lens, int64_t B,
                       int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads) {
@@ -628,77 +897,15 @@ int sgnb_paged_decode(const float *q, const float *k_buf, const float *v_buf, co
     float *pm = malloc(sizeof(float) * (size_t)(T * G + 1)), *pl = malloc(sizeof(float) * (size_t)(T * G + 1));
     float *pa = malloc(sizeof(float) * (size_t)(T * G * D + 1));
     if (!pm || !pl || !pa) { free(first); free(pm); free(pl); free(pa); return 2; }
-    /* a short context is cheaper on one thread than a parallel region's wake-up and barriers (~38 us a layer
-       at 128 keys x 9 heads on the 2-core EPYC, more than the arithmetic) */
+    /* a short context is cheaper on one thread than splitting it (~38 us a layer at 128 keys x 9 heads on the
+       2-core EPYC with OpenMP's wake-ups; our threads hand a job over in a few microseconds) */
     int64_t work = 0;
     for (int64_t b = 0; b < B; b++) work += lens[b] * H;
-
-#pragma omp parallel num_threads(nthreads) if (work > SERIAL_WORK)
-    {
-        float sc[MAX_GROUP * CHUNK] __attribute__((aligned(32)));
-        int64_t b = 0;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < T; t++) {
-            while (first[b + 1] <= t) b++;
-            while (first[b] > t) b--;
-            const int64_t chunks = (lens[b] + CHUNK - 1) / CHUNK, local = t - first[b];
-            const int64_t h = local / chunks, c = local % chunks;
-            const int64_t i0 = c * CHUNK, n = (lens[b] - i0 < CHUNK) ? lens[b] - i0 : CHUNK;
-            const int64_t *sl = req_to_token + rows[b] * row_stride + starts[b] + i0;
-            const float *qh = q + (b * H + h * G) * D;
-            for (int64_t i = 0; i < n; i++) {
-                const float *kp = k_buf + (sl[i] * Hkv + h) * D;
-                for (int64_t g = 0; g < G; g++) sc[g * CHUNK + i] = dot(qh + g * D, kp, D) * scale;
-            }
-            for (int64_t g = 0; g < G; g++) {
-                float *s = sc + g * CHUNK, m = -INFINITY;
-                for (int64_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
-                __m256 sum = _mm256_setzero_ps();
-                const __m256 mv = _mm256_set1_ps(m);
-                int64_t i = 0;
-                for (; i + 8 <= n; i += 8) {
-                    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
-                    _mm256_storeu_ps(s + i, e);
-                    sum = _mm256_add_ps(sum, e);
-                }
-                float l = hsum8(sum);
-                for (; i < n; i++) { s[i] = expf(s[i] - m); l += s[i]; }
-                float *acc = pa + (t * G + g) * D;
-                for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-                for (i = 0; i < n; i++) {
-                    const float *vp = v_buf + (sl[i] * Hkv + h) * D;
-                    const __m256 p = _mm256_set1_ps(s[i]);
-                    for (int64_t d = 0; d < D; d += 8)
-                        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + d), _mm256_loadu_ps(acc + d)));
-                }
-                pm[t * G + g] = m;
-                pl[t * G + g] = l;
-            }
-        }
-        /* merge each head's chunk partials */
-#pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < B * H; bh++) {
-            const int64_t bb = bh / H, hh = bh % H, h = hh / G, g = hh % G;
-            float *o = out + bh * D;
-            for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-            const int64_t chunks = (lens[bb] + CHUNK - 1) / CHUNK;
-            if (chunks == 0) { lse[bh] = -INFINITY; continue; }
-            float M = -INFINITY, L = 0.0f;
-            for (int64_t c = 0; c < chunks; c++) {
-                const float m = pm[(first[bb] + h * chunks + c) * G + g];
-                M = m > M ? m : M;
-            }
-            for (int64_t c = 0; c < chunks; c++) {
-                const int64_t t = first[bb] + h * chunks + c;
-                const float w = expf(pm[t * G + g] - M);
-                L += w * pl[t * G + g];
-                const float *acc = pa + (t * G + g) * D;
-                for (int64_t d = 0; d < D; d++) o[d] += w * acc[d];
-            }
-            for (int64_t d = 0; d < D; d++) o[d] /= L;
-            lse[bh] = M + logf(L);
-        }
-    }
+    const int nth = work > SERIAL_WORK ? nthreads : 1;
+    const struct attn_job job = {q, k_buf, v_buf, req_to_token, rows, starts, lens, first, row_stride, B, H, Hkv, D,
+                                 G, scale, pm, pl, pa, out, lse};
+    par_for(T, attn_chunk, &job, nth, 1);  /* tasks of uneven size (a request's last chunk): interleaved */
+    par_for(B * H, attn_merge, &job, nth, 0);
     free(first); free(pm); free(pl); free(pa);
     return 0;
 }
