@@ -1,4 +1,5 @@
-/* The CPU engine's decode-step kernels (AVX2 + FMA, OpenMP): int8- and int4-weight matrix-vector products,
+/* The CPU engine's decode-step kernels (AVX2 + FMA; threads of our own, OpenMP for the module path's elementwise
+   kernels): int8- and int4-weight matrix-vector products,
    attention of one query per request over the paged KV pool, and a whole Llama decode forward made of them
    (further down).
 
@@ -54,19 +55,20 @@ static struct {
     pthread_mutex_t busy;  /* held by the thread whose job runs */
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
-    _Atomic uint64_t job;  /* bumped for each job: the workers' signal */
+    _Atomic uint64_t job;  /* the workers' signal: a count of jobs << 8 | this job's thread count, one word, so a
+                              worker that takes no part in a job never reads the next job's fields */
     _Atomic int pending;   /* workers still on this job */
     _Atomic int sleepers;
     int started;           /* workers running (threads 1 .. started) */
     pid_t pid;             /* the process that started them (a fork's child starts its own) */
-    body_fn fn;
+    body_fn fn;  /* the job: written while no worker runs, read by its workers only */
     const void *ctx;
     int64_t n;
-    int nth, interleave;
+    int interleave;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
-static void run_share(int ith) {
-    const int64_t n = pool.n, nth = pool.nth;
+static void run_share(int ith, int64_t nth) {
+    const int64_t n = pool.n;
     if (pool.interleave) {
         for (int64_t i = ith; i < n; i += nth) pool.fn(pool.ctx, i);
     } else {
@@ -85,11 +87,11 @@ static uint64_t pool_first_job[MAX_THREADS];  /* the job count when each worker 
 
 static void *pool_worker(void *arg) {
     const int ith = (int)(intptr_t)arg;
-    uint64_t seen = pool_first_job[ith];  /* (not the count when it starts running: the job may be out already) */
+    uint64_t seen = pool_first_job[ith] >> 8;  /* (not the count when it starts running: the job may be out) */
     for (;;) {
         uint64_t job;
         int64_t since = 0;
-        for (unsigned spins = 1; (job = atomic_load_explicit(&pool.job, memory_order_acquire)) == seen; spins++) {
+        for (unsigned spins = 1; ((job = atomic_load_explicit(&pool.job, memory_order_acquire)) >> 8) == seen; spins++) {
             _mm_pause();
             if (spins % 256) continue;
             const int64_t t = now_ns();
@@ -97,14 +99,15 @@ static void *pool_worker(void *arg) {
             if (t - since < SPIN_NS) continue;
             atomic_fetch_add(&pool.sleepers, 1);  /* then the job's check below (see par_for) */
             pthread_mutex_lock(&pool.sleep_lock);
-            while (atomic_load(&pool.job) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
+            while (atomic_load(&pool.job) >> 8 == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
             pthread_mutex_unlock(&pool.sleep_lock);
             atomic_fetch_sub(&pool.sleepers, 1);
             since = 0;
         }
-        seen = job;
-        if (ith < pool.nth) {
-            run_share(ith);
+        seen = job >> 8;
+        const int nth = (int)(job & 0xFF);
+        if (ith < nth) {
+            run_share(ith, nth);
             atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
         }
     }
@@ -135,15 +138,16 @@ static void par_for(int64_t n, body_fn body, const void *ctx, int nth, int inter
         return;
     }
     nth = pool_start(nth);
-    pool.fn = body, pool.ctx = ctx, pool.n = n, pool.nth = nth, pool.interleave = interleave;
+    pool.fn = body, pool.ctx = ctx, pool.n = n, pool.interleave = interleave;
     atomic_store(&pool.pending, nth - 1);
-    atomic_fetch_add(&pool.job, 1);  /* seq_cst: a worker that saw no sleepers' wake-up sees this job */
+    const uint64_t next = ((atomic_load(&pool.job) >> 8) + 1) << 8 | (uint64_t)nth;
+    atomic_store(&pool.job, next);  /* seq_cst: a worker that saw no sleepers' wake-up sees this job */
     if (atomic_load(&pool.sleepers)) {
         pthread_mutex_lock(&pool.sleep_lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.sleep_lock);
     }
-    run_share(0);
+    run_share(0, nth);
     while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) _mm_pause();
     pthread_mutex_unlock(&pool.busy);
 }

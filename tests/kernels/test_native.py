@@ -5,6 +5,7 @@ attention."""
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 import torch
@@ -95,6 +96,77 @@ def test_q4_gemv_equals_reference(m, n, k, isa):
     y = native.q4_gemv(x, *packed)
     ref = _rows_seen(x).double() @ w_held.double().t()
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+def _q4_case(n: int, k: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    q, scale, zero = quantize_int4(w)
+    packed = native.pack_q4(q, scale, zero - 8.0 * scale)
+    return packed, native.unpack_q4(*packed)
+
+
+@needs_native
+def test_thread_pool_across_thread_counts_and_concurrent_callers():
+    """The GEMVs' threads (cpu_decode.c's pool): more threads than columns (workers sitting a job out, then
+    taking the next), thread counts changing from call to call, and two Python threads calling at once (one
+    runs on the pool, the other serially): every result equals the single-threaded one."""
+    import threading
+
+    cases = [(_q4_case(n, 96, n), torch.randn(m, 96, generator=torch.Generator().manual_seed(m)))
+             for n, m in [(6, 1), (5, 1), (13, 2), (64, 1), (9, 7)]]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = [native.q4_gemv(x, *packed) for (packed, _), x in cases]
+        errors: list[str] = []
+
+        def hammer(rounds: int) -> None:
+            for r in range(rounds):
+                for i, ((packed, _), x) in enumerate(cases):
+                    got = native.q4_gemv(x, *packed)
+                    if not torch.equal(got, want[i]):
+                        errors.append(f"case {i} round {r}: max diff {(got - want[i]).abs().max().item()}")
+
+        for threads in (4, 2, 3, 6):
+            torch.set_num_threads(threads)
+            hammer(30)
+        torch.set_num_threads(4)
+        workers = [threading.Thread(target=hammer, args=(40,)) for _ in range(2)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in workers), "a caller hung"
+        assert not errors, errors[:5]
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_native
+def test_thread_pool_in_a_forked_child():
+    """A child forked after the pool's threads started (it has none of them) starts its own."""
+    import os
+
+    packed, _ = _q4_case(64, 96, 3)
+    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(0))
+    want = native.q4_gemv(x, *packed)  # the pool is up in this process now
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if the GEMV finished and matched
+        ok = False
+        try:
+            ok = torch.equal(native.q4_gemv(x, *packed), want)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's GEMV hung")
 
 
 @needs_native
