@@ -115,7 +115,13 @@ static void *pool_worker(void *arg) {
 }
 
 static int pool_start(int nth) {
-    if (pool.pid != getpid()) pool.started = 0, pool.pid = getpid();  /* a forked child has none of them */
+    if (pool.pid != getpid()) {  /* first use, or a forked child: it has none of the workers, and the sleep lock
+                                    and condition may hold state of the parent's sleeping ones */
+        pool.started = 0, pool.pid = getpid();
+        pthread_mutex_init(&pool.sleep_lock, NULL);
+        pthread_cond_init(&pool.wake, NULL);
+        atomic_store(&pool.sleepers, 0);
+    }
     while (pool.started < nth - 1) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);

@@ -144,12 +144,14 @@ def test_thread_pool_across_thread_counts_and_concurrent_callers():
 
 @needs_native
 def test_thread_pool_in_a_forked_child():
-    """A child forked after the pool's threads started (it has none of them) starts its own."""
+    """A child forked after the pool's threads started and went to sleep (it has none of them, and inherits the
+    sleep condition with the parent's waiters in it) starts its own."""
     import os
 
     packed, _ = _q4_case(64, 96, 3)
     x = torch.randn(1, 96, generator=torch.Generator().manual_seed(0))
     want = native.q4_gemv(x, *packed)  # the pool is up in this process now
+    time.sleep(0.05)  # and its worker asleep (it spins 300 us), waiting on the condition the child inherits
     pid = os.fork()
     if pid == 0:  # the child: exit code 0 only if the GEMV finished and matched
         ok = False
