@@ -165,6 +165,12 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the four horizontal sums of a0 .. a3 at once: hadd pairs, then fold the 128-bit halves */
+static inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* sum of a[i] * b[i] over n floats, eight lanes then the tail */
 static inline float dot_n(const float *a, const float *b, int64_t n) {
     __m256 t8 = _mm256_setzero_ps();
@@ -354,8 +360,7 @@ static void q8_row_tile(const void *p, int64_t i) {
         Q8_STEP(a0, 0) Q8_STEP(a1, 1) Q8_STEP(a2, 2) Q8_STEP(a3, 3)
 #undef Q8_STEP
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    _mm_storeu_ps(j->y + n, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    _mm_storeu_ps(j->y + n, hsum8x4(a0, a1, a2, a3));
 }
 
 static void q8_column(const void *p, int64_t i) {  /* column first_col + i on its own, every row */
@@ -630,10 +635,7 @@ static void q4_row_tile(const void *p, int64_t i) {
         Q4_STEP(a0, 0) Q4_STEP(a1, 1) Q4_STEP(a2, 2) Q4_STEP(a3, 3)
 #undef Q4_STEP
     }
-    /* four horizontal sums at once: hadd pairs, then fold the 128-bit halves */
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(j->y + n, _mm_add_ps(r, _mm_loadu_ps(mt)));
+    _mm_storeu_ps(j->y + n, _mm_add_ps(hsum8x4(a0, a1, a2, a3), _mm_loadu_ps(mt)));
 }
 
 /* several rows: the tile of columns 4i .. 4i + 3 against up to four rows at a time */

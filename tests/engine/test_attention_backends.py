@@ -272,7 +272,7 @@ def test_graph_decode_over_a_shared_prefix_skips_the_cascade_bookkeeping(engines
     assert len(shared) >= 40  # above the scheduler's MIN_SHARED_PREFIX
     eng.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cached
     prompts = [shared + eng.tokenizer.encode(f" Item {i}:") for i in range(5)]
-    seen: list[tuple[bool, int, object]] = []
+    seen: list[tuple[str, bool, int, object]] = []  # (mode, graphed, shared_len, groups) per forward
     runner, original = eng.runner, eng.runner.forward
 
     def spy(spec):
