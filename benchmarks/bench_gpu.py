@@ -62,8 +62,10 @@ def prefill_row(args: argparse.Namespace, peak_gflops: float) -> dict:
 
     from sgnb.engine import Engine
 
+    t0 = time.perf_counter()
     eng = Engine(args.model, tokenizer_path=args.tokenizer, context_length=8448, max_running_requests=16,
                  **json.loads(args.engine_args or "{}"))
+    start_s = time.perf_counter() - t0
     try:
         cfg = eng.source.config
         g = torch.Generator().manual_seed(0)
@@ -77,9 +79,22 @@ def prefill_row(args: argparse.Namespace, peak_gflops: float) -> dict:
             wall = time.perf_counter() - t0
             eng.flush_cache()
             out[name] = round(shape[0] * shape[1] / wall, 1)
+        # first-token latency of one fresh request (time from submit to its first token), warm engine
+        ttft = {}
+        for n in (128, 1024):
+            best = float("inf")
+            for _ in range(3):
+                prompt = torch.randint(100, cfg.vocab_size, (n,), generator=g).tolist()
+                r = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1})
+                best = min(best, r["meta_info"]["ttft"])
+            ttft[str(n)] = round(best * 1e3, 2)
+        eng.flush_cache()
         params = model_params(cfg)
         ceiling = peak_gflops * 1e9 / (2 * params)
-        return {"attention_backend": eng.runner.attention_backend, "tokens_per_s": out,
+        stats = eng.get_stats()
+        return {"attention_backend": eng.runner.attention_backend, "engine_start_s": round(start_s, 1),
+                "warmup_s": stats.get("warmup_seconds"), "cuda_graph": stats.get("cuda_graph"),
+                "memory": stats.get("memory"), "first_token_ms": ttft, "tokens_per_s": out,
                 "ceiling_tokens_per_s": round(ceiling, 1),
                 "fraction_of_ceiling": {k: round(v / ceiling, 3) for k, v in out.items()},
                 "matmul_tflops": round(peak_gflops / 1e3, 1)}

@@ -142,7 +142,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         d = {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens",
                                                "decode_steps", "prefill_batches", "mixed_batches", "cascade_batches",
                                                "graphed_forwards", "eager_forwards", "eager_forward_seconds",
-                                               "forward_seconds", "decode_seconds")}
+                                               "forward_seconds", "decode_seconds", "radix_host_seconds")}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
                   # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
@@ -155,6 +155,11 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # the workload's slowest: a compile inside it, or a shape off the CUDA graphs, shows here
                   "slowest_forwards": after["slowest_forwards"][:4],
                   "forward_seconds": round(d["forward_seconds"], 3), "decode_round_seconds": round(d["decode_seconds"], 3),
+                  # the radix tree's own operations (match, insert, locks, evict) on the scheduler thread, and
+                  # their share of the wall time: an upper bound on the cache's direct cost (with overlap
+                  # scheduling the host works while the device runs the previous batch)
+                  "radix_host_seconds": round(d["radix_host_seconds"], 4),
+                  "radix_host_share": round(d["radix_host_seconds"] / wall, 5),
                   # Triton kernel variants compiled while the workload ran (each a compile inside its timing)
                   "triton_compiles": {k: n - variants_before.get(k, 0) for k, n in _triton_variants().items()
                                       if n > variants_before.get(k, 0)},
@@ -373,7 +378,7 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
                 "latency_p99_s", "cache_hit_rate", "prompt_tokens", "prompt_tokens_computed", "generated_tokens",
                 "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
                 "peak_gpu_mb", "eager_forward_seconds", "slowest_forwards", "triton_compiles",
-                "runs_programs_per_s")})
+                "radix_host_seconds", "radix_host_share", "runs_programs_per_s")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]

@@ -739,6 +739,7 @@ class Engine:
             "kv_used": pool.size - pool.available,
             "kv_evictable": self.tree.evictable_size,
             "kv_protected": self.tree.protected_size,
+            "radix_host_seconds": self.tree.host_seconds,
             "new_token_ratio": s.new_token_ratio,
         }
 

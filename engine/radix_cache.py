@@ -13,20 +13,38 @@ Contract:
   request whose tokens they are, or None)}, split {node, upper (the new node above it), parent, at}, lock and
   unlock {nodes}, hit {nodes, tokens, rid}, evict {nodes, tokens}. Replaying them rebuilds the structure.
 Only the scheduler thread mutates the tree; `snapshot` may be called from elsewhere while holding `lock`.
+`host_seconds` sums the wall time of the operations the scheduler calls (match, insert, locks, hits, evict): the
+cache's own host cost, which benchmarks set against a workload's wall time.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
 import time
+from time import perf_counter  # the host-seconds clock (tests swap `time` for a fake monotonic one)
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 EventSink = Callable[[str, dict[str, Any]], None]
+
+
+def _timed(op: Callable) -> Callable:
+    """Add the call's wall time to the cache's `host_seconds`."""
+
+    @functools.wraps(op)
+    def run(self: RadixCache, *args: Any, **kwargs: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            return op(self, *args, **kwargs)
+        finally:
+            self.host_seconds += perf_counter() - t0
+
+    return run
 
 
 class TreeNode:
@@ -72,6 +90,7 @@ class RadixCache:
         self.lock = threading.RLock()  # guards structure against concurrent snapshot readers
         self._ids = itertools.count()
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.host_seconds = 0.0  # wall time inside the timed operations below
         self.reset()
 
     # ---- structure -------------------------------------------------------------------------------------
@@ -88,6 +107,7 @@ class RadixCache:
     def total_size(self) -> int:
         return self.evictable_size + self.protected_size
 
+    @_timed
     def match_prefix(self, key: list[int]) -> MatchResult:
         """Longest cached prefix of `key`. Splits a node when the match ends inside it. Frees nothing."""
         if self.disable or not key:
@@ -106,6 +126,7 @@ class RadixCache:
             indices = torch.cat(parts) if parts else self._empty
             return MatchResult(indices, node)
 
+    @_timed
     def prefix_len(self, key: list[int]) -> int:
         """Length of the cached prefix of `key`, with no side effect at all (for scheduling priorities)."""
         if self.disable:
@@ -138,6 +159,7 @@ class RadixCache:
         self.emit("split", {"node": child.id, "upper": upper.id, "parent": parent.id, "at": n})
         return upper
 
+    @_timed
     def insert(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> int:
         """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract).
         `rid`, the request whose tokens these are, goes into the "insert" event (views show who shares a node)."""
@@ -163,6 +185,7 @@ class RadixCache:
             return i
 
     # ---- locks -----------------------------------------------------------------------------------------
+    @_timed
     def inc_lock_ref(self, node: TreeNode) -> None:
         with self.lock:
             changed = []
@@ -176,6 +199,7 @@ class RadixCache:
         if changed:
             self.emit("lock", {"nodes": changed})
 
+    @_timed
     def dec_lock_ref(self, node: TreeNode) -> None:
         with self.lock:
             changed = []
@@ -190,6 +214,7 @@ class RadixCache:
         if changed:
             self.emit("unlock", {"nodes": changed})
 
+    @_timed
     def record_hit(self, node: TreeNode, request_id: str | None = None) -> None:
         """Count a request's use of the path root..node (LRU time and hit counts)."""
         now, ids, tokens = time.monotonic(), [], 0
@@ -203,6 +228,7 @@ class RadixCache:
         if ids:
             self.emit("hit", {"nodes": ids, "tokens": tokens, "rid": request_id})
 
+    @_timed
     def common_prefix_depth(self, nodes: Sequence[TreeNode]) -> int:
         """Tokens on the path from the root to the deepest node that is an ancestor-or-self of every node
         in `nodes` (their shared cached prefix)."""
@@ -225,6 +251,7 @@ class RadixCache:
             return sum(len(n) for n in path[1: deepest + 1])
 
     # ---- eviction --------------------------------------------------------------------------------------
+    @_timed
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens slots from unlocked LRU leaves if possible. Returns how many were freed."""
         if self.disable or num_tokens <= 0:
