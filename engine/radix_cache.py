@@ -24,8 +24,8 @@ import heapq
 import itertools
 import threading
 import time
-from time import perf_counter  # the host-seconds clock (tests swap `time` for a fake monotonic one)
 from collections.abc import Callable, Sequence
+from time import perf_counter  # the host-seconds clock (tests swap `time` for a fake monotonic one)
 from typing import Any, NamedTuple
 
 import torch
