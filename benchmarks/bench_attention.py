@@ -238,7 +238,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir for a dummy model (tokenizer_path)")
     ap.add_argument("--layers", action=argparse.BooleanOptionalAction, default=True, help="part 1")
     ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--engine-batches", default="1,8,64")
     ap.add_argument("--graphs", default="on,off", help="engine decode with CUDA graphs (on), eagerly (off), or both")
     ap.add_argument("--out", default=None)

@@ -35,7 +35,7 @@ def decode_rows(args: argparse.Namespace, errors: dict) -> list[dict]:
     import bench_attention
 
     batches = [int(b) for b in args.batches.split(",")]
-    ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, context=1024, steps=32, graphs="on",
+    ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, context=1024, steps=args.steps, graphs="on",
                             bandwidth=args.bandwidth)
     ours = {r["batch"]: r for r in bench_attention.engine_cases("auto", batches, ns) if "batch" in r}
     gc.collect()
@@ -74,8 +74,12 @@ def prefill_row(args: argparse.Namespace, peak_gflops: float) -> dict:
             prompts = [torch.randint(100, cfg.vocab_size, (shape[1],), generator=g).tolist() for _ in range(shape[0])]
             eng.generate(input_ids=[p[: shape[1] // 2] for p in prompts], sampling_params={"max_new_tokens": 0})
             eng.flush_cache()
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
             eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0})
+            # a request with no new token returns once its prefill is launched (nothing to sample waits on
+            # it): the device finishes behind (2026-12-03 call 1 read 1.59x the matmul ceiling without this)
+            torch.cuda.synchronize()
             wall = time.perf_counter() - t0
             eng.flush_cache()
             out[name] = round(shape[0] * shape[1] / wall, 1)
@@ -110,6 +114,8 @@ def main() -> int:
     ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--batches", default="1,8,64,128")
+    ap.add_argument("--steps", type=int, default=128, help="decode steps timed (the wall difference of 8 and 8 + "
+                    "steps tokens; the prefill's run-to-run spread divides by it: at 32, +-1 ms at batch 64-128)")
     ap.add_argument("--bandwidth", type=float, default=4.27e12, help="measured device copy rate, bytes/s")
     ap.add_argument("--gpt-fast-dir", default=None)
     ap.add_argument("--systems", default=SUITE_SYSTEMS)

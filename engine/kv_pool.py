@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from sgnb.kernels.kv_store import store_kv
+from sgnb.kernels.rope import apply_rope_and_store
 
 
 class ReqToTokenPool:
@@ -97,6 +98,12 @@ class KVCache:
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens' K and V (T, Hkv, D), possibly strided views, at slots `loc` (T,) of `layer`."""
         store_kv(self.k_buffers[layer], self.v_buffers[layer], loc, k, v)
+
+    def store_rope(self, layer: int, loc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate q and k in place (RoPE at `positions`), then store k and v as `store` does: one launch on
+        CUDA (a decode step's ~32 layers each save one kernel)."""
+        apply_rope_and_store(q, k, v, positions, cos, sin, self.k_buffers[layer], self.v_buffers[layer], loc)
 
     def bytes_per_token(self) -> int:
         k = self.k_buffers[0]

@@ -151,3 +151,69 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: t
             return q, k
         return _apply_rope_cpu(q, k, positions, cos, sin)
     return apply_rope_inplace_ref(q, k, positions, cos, sin)
+
+
+@jit
+def _rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, loc_ptr, kb_ptr, vb_ptr,
+                       q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                       kb_stride_s, kb_stride_h, vb_stride_s, vb_stride_h, cos_stride, H, HKV, HALF,
+                       BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # one program per token: rotate its q heads in place, rotate its k heads (in place and into the pool at
+    # the token's slot), copy its v heads into the pool; _rope_kernel + _store_kv_kernel in one launch
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    d_mask = d < HALF
+    c = tl.load(cos_ptr + pos * cos_stride + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_HALF)
+    s = tl.load(sin_ptr + pos * cos_stride + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr + t * q_stride_t, q_stride_h, H, HALF, c, s, d, d_mask, BLOCK_H)
+    h = tl.arange(0, BLOCK_HKV)[:, None]
+    mask = (h < HKV) & d_mask[None, :]  # (BLOCK_HKV, BLOCK_HALF)
+    k_src = k_ptr + t * k_stride_t + h * k_stride_h + d[None, :]
+    x1 = tl.load(k_src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(k_src + HALF, mask=mask, other=0.0).to(tl.float32)
+    r1 = (x1 * c - x2 * s).to(k_ptr.dtype.element_ty)
+    r2 = (x2 * c + x1 * s).to(k_ptr.dtype.element_ty)
+    tl.store(k_src, r1, mask=mask)
+    tl.store(k_src + HALF, r2, mask=mask)
+    k_dst = kb_ptr + slot * kb_stride_s + h * kb_stride_h + d[None, :]
+    tl.store(k_dst, r1.to(kb_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_dst + HALF, r2.to(kb_ptr.dtype.element_ty), mask=mask)
+    v_src = v_ptr + t * v_stride_t + h * v_stride_h + d[None, :]
+    v_dst = vb_ptr + slot * vb_stride_s + h * vb_stride_h + d[None, :]
+    tl.store(v_dst, tl.load(v_src, mask=mask).to(vb_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mask).to(vb_ptr.dtype.element_ty), mask=mask)
+
+
+def apply_rope_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                         cos: torch.Tensor, sin: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                         loc: torch.Tensor) -> None:
+    """apply_rope(q, k, positions, cos, sin) then store_kv(k_buf, v_buf, loc, k, v), in one launch on CUDA: q
+    and k rotated IN PLACE, the rotated k and v written at slots loc (T,) of the pool (S, Hkv, D). The same
+    contracts as those two (strided views with a contiguous last dim; positions < P and distinct loc not
+    checked); elsewhere it runs those two."""
+    if not use_triton(q):
+        from .kv_store import store_kv
+
+        apply_rope(q, k, positions, cos, sin)
+        store_kv(k_buf, v_buf, loc, k, v)
+        return
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    assert q.dim() == 3 and k.shape == (T, Hkv, D) and v.shape == k.shape and D % 2 == 0, (q.shape, k.shape, v.shape)
+    assert q.stride(2) == k.stride(2) == v.stride(2) == 1, f"head dim must be contiguous: {q.stride()}, {k.stride()}"
+    assert k_buf.dim() == 3 and k_buf.shape[1:] == (Hkv, D) and v_buf.shape == k_buf.shape, (k_buf.shape, k.shape)
+    assert k_buf.stride(2) == v_buf.stride(2) == 1, "the pool's head dim must be contiguous"
+    for idx in (positions, loc):
+        assert idx.shape == (T,) and not idx.is_floating_point() and idx.stride(0) == 1, (idx.shape, idx.dtype)
+    assert cos.dim() == 2 and cos.shape[1] == D // 2 and sin.shape == cos.shape, (cos.shape, sin.shape, D)
+    assert cos.stride() == sin.stride() and cos.stride(1) == 1, (cos.stride(), sin.stride())
+    assert q.device == k.device == v.device == positions.device == cos.device == k_buf.device == loc.device
+    if T == 0:
+        return
+    BLOCK_H, BLOCK_HKV, BLOCK_HALF = next_pow2(H), next_pow2(Hkv), next_pow2(D // 2)
+    _rope_store_kernel[(T,)](q, k, v, positions, cos, sin, loc, k_buf, v_buf, q.stride(0), q.stride(1), k.stride(0),
+                             k.stride(1), v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
+                             v_buf.stride(1), cos.stride(0), H, Hkv, D // 2, BLOCK_H=BLOCK_H, BLOCK_HKV=BLOCK_HKV,
+                             BLOCK_HALF=BLOCK_HALF, num_warps=min(max(BLOCK_H * BLOCK_HALF // 512, 1), 8))

@@ -78,8 +78,14 @@ class AttentionBackend:
         self.init_forward_metadata(fb)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
-                fb: ForwardBatch) -> torch.Tensor:
-        self.kv_cache.store(layer.layer_id, fb.out_cache_loc, k, v)
+                fb: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """Store the new tokens' k and v in the pool, then attend. rope = (positions, cos, sin): rotate q and k
+        first (in place; on CUDA in the same launch as the store)."""
+        if rope is None:
+            self.kv_cache.store(layer.layer_id, fb.out_cache_loc, k, v)
+        else:
+            self.kv_cache.store_rope(layer.layer_id, fb.out_cache_loc, q, k, v, *rope)
         return self.attend(q, layer, fb)
 
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:

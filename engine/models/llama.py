@@ -25,7 +25,7 @@ from sgnb.engine.model_config import ModelConfig
 from sgnb.engine.tensor_parallel import TPGroup
 from sgnb.kernels.activation import silu_and_mul
 from sgnb.kernels.norm import fused_add_rms_norm, rms_norm
-from sgnb.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from sgnb.kernels.rope import rope_cos_sin, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -93,9 +93,9 @@ class Attention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        apply_rope(q, k, positions, *rope)  # in place
         assert fb.attn_backend is not None, "the runner attaches its attention backend to the batch"
-        o = fb.attn_backend.forward(q, k, v, self, fb)  # (T, H, D); stores k, v in the pool first
+        # (T, H, D); rotates q and k in place and stores k, v in the pool first
+        o = fb.attn_backend.forward(q, k, v, self, fb, rope=(positions, *rope))
         return self.tp.all_reduce(self.o_proj(o.reshape(T, self.q_size)))  # (T, hidden)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -613,3 +613,25 @@ def test_pool_counts_free_slots_through_many_small_frees():
         assert len(pool._pending) < PENDING_MERGE
     assert sorted(pool_free(pool)) == list(range(1, 4097))
     assert pool.alloc(4096) is not None and pool.available == 0 and pool.alloc(1) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.lists(st.integers(0, 3), max_size=300), b=st.lists(st.integers(0, 3), max_size=300),
+       start=st.integers(0, 300), shared=st.integers(0, 200))
+def test_common_prefix_len_matches_the_item_by_item_count(a: list[int], b: list[int], start: int, shared: int) -> None:
+    b = b[:start] + a[:shared] + b[start:]  # long agreements too, across the 64-item chunks
+    start = min(start, len(b))
+    want = 0
+    while want < min(len(a), len(b) - start) and a[want] == b[start + want]:
+        want += 1
+    assert radix_cache.common_prefix_len(a, b, start) == want
+
+
+def test_host_seconds_counts_the_tree_operations() -> None:
+    tree = RadixCache(lambda slots: None)
+    assert tree.host_seconds == 0.0
+    tree.insert(list(range(1000)), torch.arange(1000))
+    after_insert = tree.host_seconds
+    assert after_insert > 0.0
+    assert tree.match_prefix(list(range(500))).indices.tolist() == list(range(500))
+    assert tree.host_seconds > after_insert

@@ -139,6 +139,34 @@ def test_apply_rope_on_fused_qkv_views(H, Hkv, D):
     torch.testing.assert_close(k, hf_k.to(dtype), **TOL)
 
 
+@pytest.mark.parametrize(("H", "Hkv", "D", "buf_dtype"), [(9, 3, 64, None), (4, 1, 128, None), (32, 32, 128, None),
+                                                       (4, 2, 32, torch.float16)])
+def test_apply_rope_and_store_equals_rope_then_store(H, Hkv, D, buf_dtype):
+    """The fused launch rotates q and k in place as apply_rope does and writes the rotated k and v at their
+    slots as store_kv does (cast to the pool's dtype); every other slot and v stay untouched."""
+    g = torch.Generator().manual_seed(H * D + Hkv + 1)
+    T, P, S = 7, 300, 20
+    cos, sin = (t.to(device) for t in rope_cos_sin(rope_inv_freq(D, 10000.0, None), P))
+    positions = torch.tensor([0, 299, 5, 5, 17, 128, 1], device=device)
+    loc = torch.tensor([3, 19, 7, 1, 12, 4, 15], device=device)  # distinct, unsorted
+    qkv = rand(T, (H + 2 * Hkv) * D, g=g)
+    q, k, v = (qkv[:, a * D: b * D].view(T, -1, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
+    k_buf = rand(S, Hkv, D, g=g).to(buf_dtype or dtype)
+    v_buf = rand(S, Hkv, D, g=g).to(buf_dtype or dtype)
+    ref_qkv, ref_kb, ref_vb = qkv.clone(), k_buf.clone(), v_buf.clone()
+    rq, rk, rv = (ref_qkv[:, a * D: b * D].view(T, -1, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
+    apply_rope_inplace_ref(rq, rk, positions, cos, sin)
+    store_kv_ref(ref_kb, ref_vb, loc, rk, rv)
+    rope.apply_rope_and_store(q, k, v, positions, cos, sin, k_buf, v_buf, loc)
+    torch.testing.assert_close(qkv, ref_qkv, **TOL)
+    assert torch.equal(qkv[:, (H + Hkv) * D:], ref_qkv[:, (H + Hkv) * D:])  # v itself untouched
+    torch.testing.assert_close(k_buf, ref_kb, **TOL)
+    assert torch.equal(v_buf, ref_vb)  # a copy: exact
+    untouched = torch.ones(S, dtype=torch.bool)
+    untouched[loc.cpu()] = False
+    assert torch.equal(k_buf[untouched.to(device)], ref_kb[untouched.to(device)])
+
+
 # ---------------------------------------------------------------- SiLU and mul
 
 @pytest.mark.parametrize(("T", "inter", "strided"), [(1, 1536, False), (4, 576, True), (2, 2500, False),
