@@ -211,10 +211,12 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
                     best = min(best, time.perf_counter() - t0)
             walls.append(best)
         ms = (walls[1] - walls[0]) / args.steps * 1e3
-        kv = batch * (args.context + args.steps / 2) * 2 * cfg.num_hidden_layers * cfg.kv_size * 2
+        mean_kv = args.context + 8 + (args.steps - 1) / 2  # keys a timed step reads, on average
+        kv = batch * mean_kv * 2 * cfg.num_hidden_layers * cfg.kv_size * 2
         floor = (weights + kv) / args.bandwidth * 1e3
         rows.append({"backend": eng.runner.attention_backend, "cuda_graph": mode, "batch": batch,
-                     "context": args.context, "decode_step_ms": round(ms, 2), "floor_ms": round(floor, 2),
+                     "context": args.context, "mean_kv_len": round(mean_kv, 1), "decode_step_ms": round(ms, 2),
+                     "floor_ms": round(floor, 2),
                      "x_floor": round(ms / floor, 2), "tokens_per_s": round(batch / ms * 1e3, 1)})
         graphs = eng.runner.graphs
         if graphs is not None:  # the captured forward alone (GPU time); the rest of the step is the host's

@@ -3,7 +3,9 @@
 - "decode": rows {"batch", "context", "sgnb_ms", "floor_ms", "gpt_fast_ms", "hf_ms"}: the engine's whole decode
   round (bench_attention.engine_cases, CUDA graphs on) beside gpt-fast (compiled, reduce-overhead, greedy; needs
   its model.py: --gpt-fast-dir or $GPT_FAST_DIR, a checkout of pytorch-labs/gpt-fast kept out of this tree) and HF
-  transformers' generate, all on the Llama-2-7B shape with random bf16 weights, context 1k.
+  transformers' generate, all on the Llama-2-7B shape with random bf16 weights, context 1k. Both engines read
+  the same keys a step ("kv_len": gpt-fast's whole 1,072-key cache; our prompts are shortened so that our timed
+  steps average 1,072 keys); floor_ms is (weights + those keys' K/V) / the copy rate.
 - "prefill": {"tokens_per_s", "ceiling_tokens_per_s", ...}: 8 x 1k and 1 x 8k fresh tokens through the engine,
   against the measured bf16 matmul rate / (2 x parameters).
 - "workloads": the suite at GPU scale (bench_suite.py --scale gpu), radix cache on and off and the ablations.
@@ -27,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import RESULTS, commit, device_name, matmul_peak_gflops, model_params  # noqa: E402
 
+PEER_STEPS = 32  # decode steps the peers time
 SUITE_SYSTEMS = ("sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward,sgnb-no-cuda-graph,sgnb-no-overlap,"
                  "hf-transformers")
 
@@ -35,16 +38,21 @@ def decode_rows(args: argparse.Namespace, errors: dict) -> list[dict]:
     import bench_attention
 
     batches = [int(b) for b in args.batches.split(",")]
-    ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, context=1024, steps=args.steps, graphs="on",
-                            bandwidth=args.bandwidth)
+    # The same keys per step on both sides: gpt-fast's SDPA reads its whole cache every step (context + 32
+    # steps + 16 = 1,072 keys, masked), so our prompts are cut to make our timed steps' mean key count 1,072
+    # (prompt + 8 untimed tokens + half the timed steps). Without this our 128 timed steps read ~24 more keys a
+    # step than gpt-fast's, +0.4 ms of KV at batch 128.
+    peer_kv = 1024 + PEER_STEPS + 16
+    ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, context=peer_kv - 8 - args.steps // 2,
+                            steps=args.steps, graphs="on", bandwidth=args.bandwidth)
     ours = {r["batch"]: r for r in bench_attention.engine_cases("auto", batches, ns) if "batch" in r}
     gc.collect()
     peers: dict[str, dict[int, float]] = {"gpt-fast": {}, "hf-transformers": {}}
     import bench_decode_peers as peers_mod
 
     folder = args.gpt_fast_dir or os.environ.get("GPT_FAST_DIR")
-    runs = ([("gpt-fast", lambda: peers_mod.gpt_fast_rows(folder, batches, 1024, 32))] if folder else []) + [
-        ("hf-transformers", lambda: peers_mod.hf_rows(batches, 1024, 32))]
+    runs = ([("gpt-fast", lambda: peers_mod.gpt_fast_rows(folder, batches, 1024, PEER_STEPS))] if folder else []) + (
+        [("hf-transformers", lambda: peers_mod.hf_rows(batches, 1024, PEER_STEPS))] if args.hf else [])
     for name, run in runs:  # one peer failing keeps the other's rows and ours
         try:
             for r in run():
@@ -52,7 +60,7 @@ def decode_rows(args: argparse.Namespace, errors: dict) -> list[dict]:
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {e}"[:300]
         gc.collect()
-    return [{"batch": b, "context": 1024, "sgnb_ms": ours.get(b, {}).get("decode_step_ms"),
+    return [{"batch": b, "context": 1024, "kv_len": peer_kv, "sgnb_ms": ours.get(b, {}).get("decode_step_ms"),
              "floor_ms": ours.get(b, {}).get("floor_ms"), "gpt_fast_ms": peers["gpt-fast"].get(b),
              "hf_ms": peers["hf-transformers"].get(b)} for b in batches]
 
@@ -118,6 +126,7 @@ def main() -> int:
                     "steps tokens; the prefill's run-to-run spread divides by it: at 32, +-1 ms at batch 64-128)")
     ap.add_argument("--bandwidth", type=float, default=4.27e12, help="measured device copy rate, bytes/s")
     ap.add_argument("--gpt-fast-dir", default=None)
+    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="HF generate's decode rows")
     ap.add_argument("--systems", default=SUITE_SYSTEMS)
     ap.add_argument("--workloads", default="all")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per suite child")

@@ -19,6 +19,9 @@ shape from B, H, D and num_splits only.
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from ._paged import check_pool_args
@@ -32,6 +35,31 @@ DECODE_BLOCK_N = 64  # keys per tile (128 was as fast: within 5% either way)
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 DECODE_REDUCE_WARPS = 2
+# Stage 1's tiles by batch size: (max_batch, block_n, warps, stages) rows in increasing max_batch, the first row
+# with B <= max_batch applies; a batch past the last row takes the defaults above. Empty unless measured on the
+# device it runs on: a JSON file of such rows named by $SGNB_DECODE_TILES (benchmarks/gpu/decode_split_sweep.py
+# --tiles-out writes one) replaces it at import.
+DECODE_TILES: list[tuple[int, int, int, int]] = []
+
+
+def _load_tiles() -> None:
+    path = os.environ.get("SGNB_DECODE_TILES")
+    if path:
+        with open(path) as f:
+            rows = json.load(f)
+        DECODE_TILES[:] = sorted((int(r["max_batch"]), int(r["block_n"]), int(r["warps"]), int(r["stages"]))
+                                 for r in rows)
+
+
+_load_tiles()
+
+
+def decode_tiles(batch_size: int) -> tuple[int, int, int]:
+    """(block_n, warps, stages) of stage 1 for a batch of batch_size requests."""
+    for max_batch, block_n, warps, stages in DECODE_TILES:
+        if batch_size <= max_batch:
+            return block_n, warps, stages
+    return DECODE_BLOCK_N, DECODE_WARPS, DECODE_STAGES
 
 _HOST_LOG2E = 1.4426950408889634  # log2(e): the wrapper folds it into the scale, so scores are base 2 for exp2
 _LOG2E = constexpr(_HOST_LOG2E)
@@ -159,6 +187,7 @@ def decode_attention(
     out: torch.Tensor | None = None,  # (B, H, D) q.dtype, contiguous
     lse: torch.Tensor | None = None,  # (B, H) float32, contiguous
     num_splits: int = 8,
+    tiles: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Request i attends to the keys at positions [kv_start(_i), kv_end[i]) of its row (position p is the slot
     req_to_token[req_pool_indices[i], p]), all H heads, head h on KV head h // (H // Hkv).
@@ -168,6 +197,7 @@ def decode_attention(
     TRITON_INTERPRET=1), else the torch reference. No host syncs on the Triton path (CUDA-graph safe).
     num_splits: key-range slices per request, each its own program: more for small batches of long contexts,
     1 for large batches (default_num_splits(B, Hkv) picks one from the batch shape). k_buf and v_buf share strides.
+    tiles: stage 1's (block_n, warps, stages); None: decode_tiles(B).
     """
     B, H, Hkv, D = _check_args(q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start, kv_end, out, lse)
     assert num_splits >= 1, num_splits
@@ -180,6 +210,7 @@ def decode_attention(
     if B == 0:
         return out
     G = H // Hkv
+    block_n, warps, stages = tiles or decode_tiles(B)
     start_tensor = isinstance(kv_start, torch.Tensor)
     if num_splits == 1:  # stage 1 writes the results: out and lse are its (B, H, 1, D) and (B, H, 1)
         po, plse = out, (lse if lse is not None else out)
@@ -190,9 +221,9 @@ def decode_attention(
         q, k_buf, v_buf, req_to_token, req_pool_indices, kv_start if start_tensor else kv_end, kv_end, po, plse,
         0 if start_tensor else int(kv_start), scale * _HOST_LOG2E, q.stride(0), q.stride(1), k_buf.stride(0),
         k_buf.stride(1), req_to_token.stride(0),
-        G=G, D=D, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=DECODE_BLOCK_N, START_TENSOR=start_tensor,
+        G=G, D=D, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, START_TENSOR=start_tensor,
         WRITE_LSE=num_splits > 1 or lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=DECODE_WARPS, num_stages=DECODE_STAGES)
+        num_warps=warps, num_stages=stages)
     if num_splits > 1:
         _decode_reduce_kernel[(B, H)](
             po, plse, out, lse if lse is not None else plse, D=D, SPLITS=num_splits,

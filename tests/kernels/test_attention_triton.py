@@ -188,6 +188,32 @@ def test_default_num_splits():
 
 
 @needs_triton
+def test_decode_tiles_table_from_a_file(tmp_path, monkeypatch):
+    """$SGNB_DECODE_TILES rows pick stage 1's tiles by batch size (first max_batch >= B), defaults past them."""
+    path = tmp_path / "tiles.json"
+    path.write_text('[{"max_batch": 64, "block_n": 32, "warps": 2, "stages": 2},'
+                    ' {"max_batch": 8, "block_n": 128, "warps": 4, "stages": 1}]')
+    monkeypatch.setenv("SGNB_DECODE_TILES", str(path))
+    monkeypatch.setattr(dec, "DECODE_TILES", [])
+    dec._load_tiles()
+    assert dec.decode_tiles(1) == dec.decode_tiles(8) == (128, 4, 1)
+    assert dec.decode_tiles(9) == dec.decode_tiles(64) == (32, 2, 2)
+    assert dec.decode_tiles(65) == (dec.DECODE_BLOCK_N, dec.DECODE_WARPS, dec.DECODE_STAGES)
+
+
+@needs_triton
+@pytest.mark.parametrize("tiles", [(16, 2, 1), (32, 4, 2)])
+def test_decode_with_explicit_tiles_matches_ref(tiles):
+    g = torch.Generator().manual_seed(7)
+    H, Hkv, D = HEADS[1]
+    lens, k_buf, v_buf, table, rows, q = decode_case(g, H, Hkv, D)
+    ends = torch.tensor(lens, device=device)
+    for splits in (1, 4):
+        out = dec.decode_attention(q, k_buf, v_buf, table, rows, 0, ends, D**-0.5, num_splits=splits, tiles=tiles)
+        ref = dec.decode_attention_ref(q, k_buf, v_buf, table, rows, 0, ends, D**-0.5)
+        torch.testing.assert_close(out.float(), ref.float(), **TOL)
+
+
 def test_decode_without_lse_and_allocated_out():
     g = torch.Generator().manual_seed(5)
     H, Hkv, D = HEADS[2]
