@@ -155,8 +155,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # the workload's slowest: a compile inside it, or a shape off the CUDA graphs, shows here
                   "slowest_forwards": after["slowest_forwards"][:4],
                   "forward_seconds": round(d["forward_seconds"], 3), "decode_round_seconds": round(d["decode_seconds"], 3),
-                  # the radix tree's own operations (match, insert, locks, evict) on the scheduler thread, and
-                  # their share of the wall time: an upper bound on the cache's direct cost (with overlap
+                  # the scheduler thread's CPU time in the radix tree's own operations (match, insert, locks,
+                  # evict) and its share of the wall time: the cache's direct cost, at most (with overlap
                   # scheduling the host works while the device runs the previous batch)
                   "radix_host_seconds": round(d["radix_host_seconds"], 4),
                   "radix_host_share": round(d["radix_host_seconds"] / wall, 5),

@@ -635,3 +635,19 @@ def test_host_seconds_counts_the_tree_operations() -> None:
     assert after_insert > 0.0
     assert tree.match_prefix(list(range(500))).indices.tolist() == list(range(500))
     assert tree.host_seconds > after_insert
+
+
+def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_threshold() -> None:
+    from sgnb.engine.schedule_policy import LPM_MIN_PREFIX, order_waiting
+
+    tree = RadixCache(lambda slots: None)
+    shared = list(range(1000, 1000 + LPM_MIN_PREFIX + 8))
+    tree.insert(shared, torch.arange(len(shared)))
+    tree.insert([7, 8, 9], torch.arange(3))
+    reqs = [types.SimpleNamespace(name=n, fill_ids=ids) for n, ids in (
+        ("fresh", [1, 2, 3]), ("short-hit", [7, 8, 9, 4]), ("long-hit", shared + [5]),
+        ("partial", shared[: LPM_MIN_PREFIX] + [6]), ("fresh2", [2, 2]))]
+    order = [r.name for r in order_waiting("lpm", reqs, tree)]  # type: ignore[arg-type]
+    # a hit of LPM_MIN_PREFIX tokens or more goes first, longest first; a 3-token hit keeps its arrival place
+    assert order == ["long-hit", "partial", "fresh", "short-hit", "fresh2"]
+    assert [r.name for r in order_waiting("fcfs", reqs, tree)] == [r.name for r in reqs]  # type: ignore[arg-type]
