@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -60,7 +61,8 @@ class GrammarBackend:
     """
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, *, max_workers: int = 2,
-                 json_any_whitespace: bool = True, cache_limit_bytes: int = 256 << 20) -> None:
+                 mask_threads: int | None = None, json_any_whitespace: bool = True,
+                 cache_limit_bytes: int = 256 << 20) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.json_any_whitespace = json_any_whitespace
@@ -71,6 +73,10 @@ class GrammarBackend:
         self.vocab = TokenVocab(token_bytes)
         self.compile_count = 0  # compiles actually run (cache misses)
         self._max_workers = max_workers
+        # a step's masks, filled by xgrammar's C++ threads: half the machine's CPUs, 2 to 8 (a GPU step is
+        # short, and a batch of 64 masks of a loose regex took ~45 ms on 2 threads: the JSON workloads'
+        # rounds waited on it; xgrammar's own default is also half the hardware threads)
+        self._mask_threads = mask_threads or max(2, min(8, (os.cpu_count() or 2) // 2))
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # LRU, newest last
@@ -161,7 +167,7 @@ class GrammarBackend:
             matchers[0].fill_bitmask(bitmask, rows[0])
             return
         if self._batch_filler is None:
-            self._batch_filler = xgr.BatchGrammarMatcher(max_threads=self._max_workers)
+            self._batch_filler = xgr.BatchGrammarMatcher(max_threads=self._mask_threads)
         self._batch_filler.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, rows)
 
 

@@ -13,7 +13,7 @@ LPM_MAX_QUEUE = 128
 # lpm ranks by cached prefix only from this many tokens: a shorter match (a shared "Request 1" of distinct
 # prompts) saves next to nothing, and ranking by it would only reorder arrivals. Measured 2026-12-03 on the
 # H200, before this threshold: serving_trace (no reuse) ran 1.2% slower with the cache than without in four
-# runs over two sessions, while the tree's own operations took ~0.6% of the wall time; this reordering was the
+# runs over three sessions, while the tree's own operations took ~0.6% of the wall time; this reordering was the
 # other suspect.
 LPM_MIN_PREFIX = 16
 

@@ -61,6 +61,7 @@ def decode_tiles(batch_size: int) -> tuple[int, int, int]:
             return block_n, warps, stages
     return DECODE_BLOCK_N, DECODE_WARPS, DECODE_STAGES
 
+
 _HOST_LOG2E = 1.4426950408889634  # log2(e): the wrapper folds it into the scale, so scores are base 2 for exp2
 _LOG2E = constexpr(_HOST_LOG2E)
 _LN2 = constexpr(0.6931471805599453)  # ln(2): base-2 lse back to natural log

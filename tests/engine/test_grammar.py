@@ -273,7 +273,20 @@ def test_apply_bitmask_torch_matches_xgrammar(vocab):
         assert torch.isinf(x[:, 64:]).all() and not torch.isinf(x[:, :64]).any()
 
 
-def test_fill_bitmasks_batched_matches_one_by_one(backend, tok):
+@pytest.mark.parametrize("mask_threads", [None, 1, 4])
+def test_fill_bitmasks_batched_matches_one_by_one(backend, tok, mask_threads):
+    """Whatever number of C++ threads fill a step's masks (None: the machine's default)."""
+    if mask_threads is not None:
+        own = G.GrammarBackend(tok, backend.vocab_size, mask_threads=mask_threads)
+        try:
+            _check_batched_fill(own, tok)
+        finally:
+            own.close()
+    else:
+        _check_batched_fill(backend, tok)
+
+
+def _check_batched_fill(backend, tok) -> None:
     compiled = [backend.compile("regex", r) for r in REGEXES[:6]]
     matchers = [backend.matcher(c) for c in compiled]
     for m, text in zip(matchers[1:3], ["cat and d", "ab-c"]):
