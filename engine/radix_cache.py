@@ -3,7 +3,8 @@
 Contract:
 - A node's `value` lists the KV slots of its `key` tokens; the tree owns those slots until it evicts them.
 - `match_prefix` never frees anything; the indices it returns stay valid only while the returned node (or a
-  descendant) is locked with `inc_lock_ref`. It may split a node so that the match ends on a node boundary.
+  descendant) is locked with `inc_lock_ref`, and they are read-only (a one-node match hands out the node's own
+  slot tensor). It may split a node so that the match ends on a node boundary.
 - `insert` adopts the slots of the part of `key` that was not in the tree and returns how many leading tokens
   were already there; the caller still owns (and must free) its slots for that already-present part, except
   for slots that are literally the tree's own (the prefix it matched before).
@@ -132,7 +133,8 @@ class RadixCache:
                     child = self._split(child, n)
                 parts.append(child.value)
                 node, i = child, i + n
-            indices = torch.cat(parts) if parts else self._empty
+            # one node: its own slots, no copy (on CUDA a concatenation is a kernel launch; callers only read)
+            indices = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else self._empty
             return MatchResult(indices, node)
 
     @_timed
