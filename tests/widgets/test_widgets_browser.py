@@ -255,6 +255,9 @@ stats = EngineStats(engine, interval=0.25)
 display(tree, stats)
 state = ProgramView.run(story, backend=runtime, stream=True)
 state.sync()
+# the story's nodes show as new for 1 s of engine time (highlight_seconds): wait that out, so the endings' hits
+# on "Once upon a time" show as hits (within 1 s of its insert a node is new, whatever hits it)
+time.sleep(1.5)
 for ending in [" there was", " a king", " in a land far away"]:
     engine.generate("Once upon a time" + ending, {"max_new_tokens": 6, "temperature": 0})
     time.sleep(0.3)
