@@ -467,6 +467,7 @@ for q in ["Why is the sky blue?", "What is rain?", "Why is the sea salty?", "Wha
         engine.generate(engine.apply_chat_template([{"role": "system", "content": system},
                                                     {"role": "user", "content": q}]), params)
 time.sleep(1.5)
+tree.flush()  # the view drains events on a CPU budget: on a loaded machine it can still be behind here
 print("work done:", tree.summary["finished"], "requests,", tree.summary["evicted_total"], "evicted")""",
 ]
 
