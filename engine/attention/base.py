@@ -4,6 +4,7 @@ A backend belongs to one runner (or tensor-parallel worker) and one KVCache. Per
 
     backend.init_forward_metadata(fb)      # once: index tensors, kernel plans (never per layer)
     o = backend.forward(q, k, v, layer, fb) # per layer: store the new K/V at fb.out_cache_loc, then attend
+    o = backend.forward(q, k, v, layer, fb, rope=(positions, cos, sin))  # RoPE on q, k first (Llama's layers)
 
 q (T, H, D), k and v (T, Hkv, D) are this rank's heads for the batch's new tokens (k and v may be strided views
 of a fused qkv output); the result is (T, H, D) in q's dtype. Request i's queries attend causally to the keys
