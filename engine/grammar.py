@@ -34,7 +34,8 @@ from sgnb.engine.tokenizer import Tokenizer
 
 __all__ = [
     "CompiledGrammar", "GrammarBackend", "GrammarMatcher", "JumpForward", "allocate_bitmask", "apply_bitmask",
-    "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "jump_forward", "validate_constraint",
+    "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "flatten_bounded_repeats", "jump_forward",
+    "validate_constraint",
 ]
 
 Kind = Literal["regex", "json_schema", "ebnf"]
@@ -68,15 +69,17 @@ class GrammarBackend:
         self.json_any_whitespace = json_any_whitespace
         self.cache_limit_bytes = cache_limit_bytes
         self.info, token_bytes = _tokenizer_info(tokenizer, vocab_size)
+        # a step's masks, filled by xgrammar's C++ threads: half the machine's CPUs, 2 to 8 (a GPU step is
+        # short, and a batch of 64 masks of a loose regex took ~45 ms on 2 threads: the JSON workloads'
+        # rounds waited on it; xgrammar's own default is also half the hardware threads). One compile uses as
+        # many (a written-out bounded repeat, below, costs the compile what it saves the masks).
+        self._mask_threads = mask_threads or max(2, min(8, (os.cpu_count() or 2) // 2))
         # our cache (below) dedups in-flight compiles and counts them; xgrammar's own would hold a second copy
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_workers, cache_enabled=False)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max(max_workers, self._mask_threads),
+                                            cache_enabled=False)
         self.vocab = TokenVocab(token_bytes)
         self.compile_count = 0  # compiles actually run (cache misses)
         self._max_workers = max_workers
-        # a step's masks, filled by xgrammar's C++ threads: half the machine's CPUs, 2 to 8 (a GPU step is
-        # short, and a batch of 64 masks of a loose regex took ~45 ms on 2 threads: the JSON workloads'
-        # rounds waited on it; xgrammar's own default is also half the hardware threads)
-        self._mask_threads = mask_threads or max(2, min(8, (os.cpu_count() or 2) // 2))
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # LRU, newest last
@@ -119,6 +122,12 @@ class GrammarBackend:
     def _compile_now(self, kind: str, source: str) -> CompiledGrammar:
         try:
             if kind == "regex":
+                flat = flatten_bounded_repeats(source)
+                if flat != source:
+                    try:
+                        return self.compiler.compile_regex(flat)
+                    except Exception:  # the rewrite is ours: the user's text decides (and words any error)
+                        pass
                 return self.compiler.compile_regex(source)
             if kind == "json_schema":
                 return self.compiler.compile_json_schema(_schema_text(source),
@@ -252,6 +261,145 @@ def validate_constraint(kind: str, source: str, json_any_whitespace: bool = True
         raise
     except Exception as e:  # xgrammar raises RuntimeError from its C++ parsers
         raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+
+
+# ---- bounded repeats ---------------------------------------------------------------------------------------
+# xgrammar expands a bounded repeat of one character (`[\w ]{1,16}`) into a chain of nested optional rules; a
+# mask inside the chain checks every token that could end it through the nesting, 2-4 ms a mask on this
+# machine's CPU for a word-character class and SmolLM2's vocabulary (the JSON workloads' rounds waited on it).
+# The same language as a flat alternation of sequences (`C(?:C|CC|...|C{15})?`) masks in ~0.03 ms: every
+# position is a plain element of a sequence, whose tokens xgrammar classifies when compiling. The compile grows
+# with the elements written out (the sum of the alternatives' lengths; 136 for {1,16}: ~0.2 s), so only repeats
+# up to FLATTEN_MAX_ELEMENTS are rewritten, and only where the repeated atom is a single character (a class, an
+# escape like \w, `.` or a literal): a quantified group, a backreference or syntax the scanner does not know
+# leaves the regex as the user wrote it.
+FLATTEN_MAX_ELEMENTS = 300
+_QUANT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_ANCHOR_ESCAPES = set("bBAZzG")
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def flatten_bounded_repeats(regex: str, max_elements: int = FLATTEN_MAX_ELEMENTS) -> str:
+    """`regex` with each bounded repeat of a single-character atom written out as a flat alternation (the same
+    language; see above). Returns `regex` itself when there is nothing to rewrite or anything is unfamiliar."""
+    if "{" not in regex:
+        return regex
+    try:
+        return _flatten(regex, max_elements)
+    except _Unsupported:
+        return regex
+
+
+def _flatten(s: str, max_elements: int) -> str:
+    out: list[str] = []
+    atom: int | None = None  # index in `out` of the last single-character atom, None after anything else
+    i, n = 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            j = _escape_end(s, i)
+            out.append(s[i:j])
+            atom = len(out) - 1 if s[i + 1] not in _ANCHOR_ESCAPES else None
+            i = j
+        elif c == "[":
+            j = _class_end(s, i)
+            out.append(s[i:j])
+            atom, i = len(out) - 1, j
+        elif c == "(":
+            j = i + 1
+            if s.startswith("?", j):  # (?:  (?=  (?!  (?<=  (?<!  (?<name>  (?P<name>; inline flags are unknown
+                rest = s[j + 1:]
+                if rest[:1] in (":", "=", "!"):
+                    j += 2
+                elif rest[:2] in ("<=", "<!"):
+                    j += 3
+                elif rest[:1] == "<" or rest[:2] == "P<":
+                    j = s.index(">", j) + 1 if ">" in s[j:] else n
+                else:
+                    raise _Unsupported
+            out.append(s[i:j])
+            atom, i = None, j
+        elif c in "*+?":
+            j = i + 1
+            if j < n and s[j] in "?+":
+                j += 1
+            out.append(s[i:j])
+            atom, i = None, j
+        elif c == "{":
+            m = _QUANT.match(s, i)
+            if m is None:
+                raise _Unsupported  # a literal brace in some dialects, an error in others
+            j = m.end()
+            lazy = j < n and s[j] == "?"
+            if j < n and s[j] == "+":
+                raise _Unsupported  # possessive: not a plain repeat
+            lo, hi = int(m.group(1)), (int(m.group(3)) if m.group(3) else None) if m.group(2) else int(m.group(1))
+            if atom is not None and hi is not None and hi > lo and _elements(lo, hi) <= max_elements:
+                out[atom] = _alternation(out[atom], lo, hi)
+                i = j + (1 if lazy else 0)  # laziness changes which match a search finds, not the language
+            else:
+                out.append(s[i:j])
+                i = j
+            atom = None
+        else:
+            out.append(c)
+            atom = len(out) - 1 if c not in "|)^$" else None
+            i += 1
+    return "".join(out)
+
+
+def _elements(lo: int, hi: int) -> int:
+    extra = hi - lo
+    return lo + extra * (extra + 1) // 2
+
+
+def _alternation(a: str, lo: int, hi: int) -> str:
+    tail = "(?:" + "|".join(a * k for k in range(1, hi - lo + 1)) + ")?"
+    return "(?:" + a * lo + tail + ")"
+
+
+def _escape_end(s: str, i: int) -> int:
+    """The end of the escape starting at s[i] == '\\'."""
+    if i + 1 >= len(s):
+        raise _Unsupported
+    e = s[i + 1]
+    if e.isdigit() and e != "0" or e == "k":
+        raise _Unsupported  # a backreference
+    if e in "pPu" and s.startswith("{", i + 2):
+        close = s.find("}", i + 2)
+        if close < 0:
+            raise _Unsupported
+        return close + 1
+    if e == "x":
+        return i + 4
+    if e == "u":
+        return i + 6
+    if e == "c":
+        return i + 3
+    return i + 2
+
+
+def _class_end(s: str, i: int) -> int:
+    """The end of the character class starting at s[i] == '['."""
+    j = i + 1
+    if s.startswith("^", j):
+        j += 1
+    if s.startswith("]", j):
+        raise _Unsupported  # ']' first: a literal in some dialects, an empty class in others
+    while j < len(s):
+        c = s[j]
+        if c == "\\":
+            j = _escape_end(s, j)
+            continue
+        if c == "[":
+            raise _Unsupported  # nested sets / POSIX classes
+        if c == "]":
+            return j + 1
+        j += 1
+    raise _Unsupported
 
 
 def _check_kind(kind: str, source: Any) -> None:

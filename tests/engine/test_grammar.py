@@ -301,6 +301,80 @@ def _check_batched_fill(backend, tok) -> None:
     assert torch.equal(batched, single)
 
 
+# ---- bounded repeats written out -------------------------------------------------------------------------------
+_ATOMS = ["a", "b", "[ab]", "[^a]", r"\d", r"\w", ".", r"\.", "[a-c1]"]
+_QUANTS = ["", "?", "*", "+", "{2}", "{0,2}", "{1,3}", "{2,4}", "{1,}", "{0,5}?", "{3,6}"]
+
+
+@st.composite
+def _regexes(draw, depth: int = 2):
+    """Small regexes over a few atoms: quantified atoms and groups, concatenated and alternated."""
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        if depth and draw(st.integers(0, 4)) == 0:
+            body = draw(_regexes(depth=depth - 1))
+            parts.append("(" + draw(st.sampled_from(["", "?:"])) + body + ")" + draw(st.sampled_from(_QUANTS)))
+        else:
+            parts.append(draw(st.sampled_from(_ATOMS)) + draw(st.sampled_from(_QUANTS)))
+    alt = "".join(parts)
+    return alt + ("|" + draw(_regexes(depth=0)) if depth and draw(st.booleans()) else "")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(pattern=_regexes(), texts=st.lists(st.text("ab1.c x", max_size=9), min_size=8, max_size=8))
+def test_flattened_bounded_repeats_match_the_same_strings(pattern, texts):
+    """The rewrite keeps the language (Python's re as the oracle), on strings drawn near the pattern's own."""
+    flat = G.flatten_bounded_repeats(pattern)
+    samples = texts + ["", "a", "ab", "aa1", "aaaa", "1.1", "bbb", "abab", "a1a1a1"]
+    for text in samples:
+        assert bool(re.fullmatch(pattern, text)) == bool(re.fullmatch(flat, text)), (pattern, flat, text)
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (r"[a-z]{1,3}", r"(?:[a-z](?:[a-z]|[a-z][a-z])?)"),
+    (r"\w{0,2}!", r"(?:(?:\w|\w\w)?)!"),
+    (r"x{2,3}?y", r"(?:xx(?:x)?)y"),  # lazy: the same language
+    (r"(ab){1,3}", r"(ab){1,3}"),  # a group: left alone
+    (r"x{3}|\d{2,}", r"x{3}|\d{2,}"),  # exact and open counts: no chain to flatten
+    (r"(a)\1{1,2}", r"(a)\1{1,2}"),  # backreference: unknown ground, the whole regex stays
+    (r"a{1,3}+", r"a{1,3}+"),  # possessive
+    (r"(?i)a{1,2}", r"(?i)a{1,2}"),  # inline flags
+    (r"[]a]{1,2}", r"[]a]{1,2}"),  # ']' first in a class
+    (r"a{,2}", r"a{,2}"),  # not a quantifier everywhere
+    ("[a-z]{1,40}", "[a-z]{1,40}"),  # 820 elements: past the compile budget
+])
+def test_flatten_bounded_repeats_rewrites_only_what_it_understands(pattern, expected):
+    assert G.flatten_bounded_repeats(pattern) == expected
+
+
+@pytest.mark.parametrize("pattern", [CHARACTER_REGEX, REGEXES[2], REGEXES[3], REGEXES[5], REGEXES[6]])
+def test_flattened_regex_masks_equal_xgrammars_chain(backend, walker, pattern):
+    """The backend compiles the written-out form; its masks (and jump-forward strings) are the chain's exactly,
+    at every step of random walks."""
+    flat = G.flatten_bounded_repeats(pattern)
+    assert flat != pattern
+    chain_grammar = backend.compiler.compile_regex(pattern)
+    compiled = backend.compile("regex", pattern)
+    bitmask = backend.allocate_bitmask(1)
+    chain = backend.matcher(chain_grammar)
+    steps = 0
+
+    def same(m, out, allowed):
+        nonlocal chain, steps
+        if chain.tokens != out:  # the walk jumped forward (rolling back a token or two): replay its tokens
+            chain = backend.matcher(chain_grammar)
+            for t in out:
+                assert chain.accept_token(t)
+        chain.fill_bitmask(bitmask, 0)
+        assert np.array_equal(allowed_mask(bitmask, 0, backend.vocab_size), allowed)
+        steps += 1
+
+    for seed in range(6):
+        chain = backend.matcher(chain_grammar)
+        walker.run(compiled, seed, jf=seed % 2 == 1, checks=same)
+    assert steps >= 12  # the walks did reach the repeats (a walk stops at the stop token when it may)
+
+
 # ---- random walks ---------------------------------------------------------------------------------------------
 _WALK_SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
