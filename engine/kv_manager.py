@@ -68,16 +68,17 @@ class KVManager:
         row = req.req_pool_idx
         slots = self.req_pool.req_to_token[row, : req.kv_len]
         key = req.fill_ids[: req.kv_len]
-        present = self.tree.insert(key, slots, req.rid)
-        if present > req.cached_len:  # someone else cached these first: drop our copies
+        present, node = self.tree.insert_path(key, slots, req.rid)
+        if present > req.cached_len:  # someone else cached these first: drop our copies, read the tree's
             self.kv_pool.free(slots[req.cached_len: present].clone())
-        match = self.tree.match_prefix(key)
-        assert len(match.indices) == req.kv_len
-        self.req_pool.write(row, 0, match.indices)
-        self.tree.inc_lock_ref(match.last_node)
+            match = self.tree.match_prefix(key)
+            assert len(match.indices) == req.kv_len and match.last_node is node
+            self.req_pool.write(row, 0, match.indices)
+        # else the row already holds the tree's slots: its cached prefix came from the tree, the rest went in
+        self.tree.inc_lock_ref(node)
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)
-        req.last_node = match.last_node
+        req.last_node = node
         req.cached_len = req.kv_len
 
     def release(self, req: Req, cache: bool) -> None:

@@ -170,12 +170,17 @@ class RadixCache:
         self.emit("split", {"node": child.id, "upper": upper.id, "parent": parent.id, "at": n})
         return upper
 
-    @_timed
     def insert(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> int:
         """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract).
         `rid`, the request whose tokens these are, goes into the "insert" event (views show who shares a node)."""
+        return self.insert_path(key, value, rid)[0]
+
+    @_timed
+    def insert_path(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> tuple[int, TreeNode]:
+        """insert(), and the node where `key` ends (a node boundary: the walk splits where it must), which is
+        match_prefix(key).last_node afterwards (the root when the cache is disabled)."""
         if self.disable:
-            return 0
+            return 0, self.root
         assert len(key) == len(value), (len(key), len(value))
         with self.lock:
             node, i, now = self.root, 0, time.monotonic()
@@ -187,13 +192,13 @@ class RadixCache:
                     self.nodes[leaf.id] = leaf
                     self.evictable_size += len(leaf)
                     self.emit("insert", {"node": leaf.id, "parent": node.id, "tokens": len(leaf), "rid": rid})
-                    return i
+                    return i, leaf
                 n = common_prefix_len(child.key, key, i)
                 if n < len(child.key):
                     child = self._split(child, n)
                 child.last_access = now
                 node, i = child, i + n
-            return i
+            return i, node
 
     # ---- locks -----------------------------------------------------------------------------------------
     @_timed

@@ -355,6 +355,10 @@ class Scheduler:
         self.counters.prefill_tokens += spec.num_tokens
         self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))
 
+        try:  # every request's prompt logprobs (a select's choices) in a few batched calls
+            batched = self._input_logprobs_batched(batch, hidden)
+        except Exception:
+            batched = None  # each request works out its own below: a failure then fails that request alone
         to_sample: list[Req] = []
         rows: list[int] = []
         offset = 0
@@ -363,7 +367,12 @@ class Scheduler:
             start = r.kv_len
             try:
                 if not r.input_logprobs_done:
-                    self._input_logprobs(r, hidden, offset, item.extend, start)
+                    if batched is None:
+                        self._input_logprobs(r, hidden, offset, item.extend, start)
+                    else:
+                        tokens, tops = batched[id(r)]
+                        r.input_token_logprobs.extend(tokens)
+                        r.input_top_logprobs.extend(tops)
                 r.kv_len = start + item.extend
                 r.new_slots = None
                 if not item.rider:  # share what is computed (a chunk, or the whole prompt)
@@ -454,6 +463,54 @@ class Scheduler:
             # them an empty list meanwhile)
             c.slowest = sorted([*c.slowest, (dt, describe_forward(spec))], key=lambda x: -x[0])[:SLOWEST_KEPT]
         return hidden
+
+    def _input_logprobs_batched(self, batch: list[PrefillItem], hidden: Any) -> dict[int, tuple[list, list]]:
+        """What _input_logprobs appends, for every request of the batch that wants prompt logprobs, by id(req):
+        the rows of all of them go through the LM head, log_softmax and top-k together, LOGITS_CHUNK rows a
+        call, and cross to the host once a chunk (one call a request cost a select's scoring ~1 ms of host
+        time per choice, and a device sync each)."""
+        owners: list[tuple[Req, bool, int]] = []  # (req, whether it gets the (None, first token) entry, rows)
+        rows: list[int] = []
+        targets: list[int] = []
+        offset = 0
+        for item in batch:
+            r = item.req
+            if not r.input_logprobs_done:
+                prompt, start = r.origin_input_ids, r.kv_len
+                s = min(max(r.logprob_start_len, 0), len(prompt) - 1)
+                first, last = max(s - 1, start), min(len(prompt) - 1, start + item.extend)
+                owners.append((r, s == 0 and start == 0, max(0, last - first)))
+                rows.extend(range(first - start + offset, last - start + offset))
+                targets.extend(prompt[first + 1: last + 1])
+            offset += item.extend
+        if not owners:
+            return {}
+        k_max = max(r.top_logprobs_num for r, _, _ in owners)
+        table: list[list[float]] = []  # per row: the target's logprob, then k_max top values, then their ids
+        vocab = 0
+        for c in range(0, len(rows), LOGITS_CHUNK):
+            lp = self.runner.logits(hidden, torch.tensor(rows[c: c + LOGITS_CHUNK])).log_softmax(-1)
+            vocab = lp.shape[1]
+            ids = torch.tensor([t if t < vocab else 0 for t in targets[c: c + LOGITS_CHUNK]], device=lp.device)
+            parts = [lp.gather(1, ids.unsqueeze(1))]
+            if k_max:
+                tv, ti = lp.topk(k_max, dim=-1)
+                parts += [tv, ti.to(lp.dtype)]  # ids < 2**24: exact in float32
+            table.extend(torch.cat(parts, 1).tolist())
+        out: dict[int, tuple[list, list]] = {}
+        at = 0
+        for r, head, n in owners:
+            tokens: list = [(None, r.origin_input_ids[0])] if head else []
+            tops: list = [None] if head else []
+            k = r.top_logprobs_num
+            for row, t in zip(table[at: at + n], targets[at: at + n]):
+                # an image's pad ids are past the vocabulary: no logprob
+                tokens.append((row[0] if t < vocab else None, t))
+                tops.append(list(zip(row[1: 1 + k], (int(i) for i in row[1 + k_max: 1 + k_max + k])))
+                            if k else None)
+            at += n
+            out[id(r)] = (tokens, tops)
+        return out
 
     def _input_logprobs(self, req: Req, hidden: Any, offset: int, extend: int, start: int) -> None:
         """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows

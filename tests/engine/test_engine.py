@@ -42,6 +42,33 @@ def test_prefill_logprobs_match_hf(engine, hf_logprobs):
     assert ref[-1, tok].item() >= ref[-1].max().item() - 1e-4
 
 
+def test_prompt_logprobs_of_a_batch_match_hf_row_by_row(engine, hf_logprobs):
+    """One prefill of requests that each want different prompt logprobs (where they start, how many top
+    entries): the batched LM-head pass gives every request its own rows, as HF computes them alone."""
+    prompts = [PROMPT, PROMPT[:60], "Zebras and yaks graze.", PROMPT[::-1][:90]]
+    ids = [_ids(engine, p) for p in prompts]
+    starts, tops = [0, 3, -1, 5], [3, 0, 2, 5]
+    engine.flush_cache()
+    outs = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                           return_logprob=True, logprob_start_len=starts, top_logprobs_num=tops)
+    for seq, start, k, out in zip(ids, starts, tops, outs):
+        ref = hf_logprobs(seq)
+        got, top = out["meta_info"]["input_token_logprobs"], out["meta_info"].get("input_top_logprobs")
+        first = start if start >= 0 else len(seq)  # -1: no prompt logprobs
+        assert [t for _, t, _ in got] == seq[first:]
+        for j, (lp, tok, _) in enumerate(got):
+            pos = first + j
+            if pos == 0:
+                assert lp is None and (not k or top[j] is None)
+                continue
+            assert abs(lp - ref[pos - 1, tok].item()) < TOL, (pos, start)
+            if k:
+                assert [round(v, 3) for v, _, _ in top[j]] == pytest.approx(
+                    [round(v, 3) for v in ref[pos - 1].topk(k).values.tolist()], abs=2e-3)
+            else:
+                assert top is None  # none asked for: the key is left out
+
+
 def test_decode_on_cached_prefix_matches_hf(engine, hf_logprobs):
     """Greedy decode over a prefix served from the radix cache gives HF's logprobs at every step."""
     ids = _ids(engine, PROMPT)
