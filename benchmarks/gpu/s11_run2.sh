@@ -22,3 +22,5 @@ for w in json.load(open(sys.argv[1]))["workloads"]:
 step hf ${HF_S:-250} python3 -P benchmarks/bench_suite.py "${suite[@]}" --timeout 130 --systems sgnb,hf-transformers \
   --workloads mmlu_select,react --out $OUT/hf.json
 python3 -c "$show" $OUT/hf.json
+step gemm ${GEMM_S:-150} python3 -P benchmarks/gpu/gemm_tunableop.py --out $OUT/gemm.json
+grep '^{' $OUT/gemm.log | cut -c1-260; grep -v '^{' $OUT/gemm.log | tail -5 | cut -c1-300
