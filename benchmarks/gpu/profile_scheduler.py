@@ -43,9 +43,10 @@ def main() -> None:
 
         engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(
             path or args.tokenizer)
+    from workloads import build
+
     import sgnb
     from sgnb.engine import scheduler as sched
-    from workloads import build
 
     prof = cProfile.Profile()
     on = [False]
