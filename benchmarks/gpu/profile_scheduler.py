@@ -16,6 +16,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 import time
@@ -88,6 +89,8 @@ def main() -> None:
     stats = pstats.Stats(prof, stream=out)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
+    if os.environ.get("PROFILE_CALLERS"):
+        stats.print_callers(os.environ["PROFILE_CALLERS"])
     text = "\n".join(line for line in out.getvalue().splitlines() if line.strip())
     print(text)
     if args.out:
