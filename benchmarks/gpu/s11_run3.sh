@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 2 of 2026-12-03 (session 11; two starts of s11_run2.sh were refused, so this one call carries the
+# Device call 2 of 2026-12-03 (session 11; two starts of an earlier script were refused, so this one call carries the
 # rest, most needed first):
 #  1. jump-forward on both JSON workloads again, after cache_unfinished stopped re-walking the tree (call 1:
 #     1.15x / 1.21x with cheap masks: a jump-forward round still took ~70 ms against ~15 ms a decode round);
