@@ -330,6 +330,16 @@ def test_flattened_bounded_repeats_match_the_same_strings(pattern, texts):
         assert bool(re.fullmatch(pattern, text)) == bool(re.fullmatch(flat, text)), (pattern, flat, text)
 
 
+def test_flattened_repeat_counts_exactly_lo_to_hi():
+    """Every written-out form (blocks and rests, the last block's partial rest) matches a run of n atoms for
+    exactly lo <= n <= hi (kept out of the generated regexes above: nested blocks backtrack for long in re)."""
+    for lo in range(4):
+        for hi in range(lo + 1, 40):
+            flat = G.flatten_bounded_repeats(f"a{{{lo},{hi}}}")
+            for n in range(hi + 3):
+                assert bool(re.fullmatch(flat, "a" * n)) == (lo <= n <= hi), (lo, hi, n, flat)
+
+
 @pytest.mark.parametrize("pattern, expected", [
     (r"[a-z]{1,3}", r"(?:[a-z](?:[a-z]|[a-z][a-z])?)"),
     (r"\w{0,2}!", r"(?:(?:\w|\w\w)?)!"),
@@ -341,7 +351,9 @@ def test_flattened_bounded_repeats_match_the_same_strings(pattern, texts):
     (r"(?i)a{1,2}", r"(?i)a{1,2}"),  # inline flags
     (r"[]a]{1,2}", r"[]a]{1,2}"),  # ']' first in a class
     (r"a{,2}", r"a{,2}"),  # not a quantifier everywhere
-    ("[a-z]{1,40}", "[a-z]{1,40}"),  # 820 elements: past the compile budget
+    ("a{0,8}", "(?:(?:aaa|aaaaaa)?(?:a|aa)?)"),  # blocks of 3 and a rest
+    ("a{0,9}", "(?:(?:(?:aaa|aaaaaa)?(?:a|aa)?|aaaaaaaaa))"),  # the last block's run takes what fits
+    ("[a-z]{1,40}", "[a-z]{1,40}"),  # past the compile budget
 ])
 def test_flatten_bounded_repeats_rewrites_only_what_it_understands(pattern, expected):
     assert G.flatten_bounded_repeats(pattern) == expected
