@@ -339,7 +339,8 @@ def _flatten(s: str, max_elements: int) -> str:
             if j < n and s[j] == "+":
                 raise _Unsupported  # possessive: not a plain repeat
             lo, hi = int(m.group(1)), (int(m.group(3)) if m.group(3) else None) if m.group(2) else int(m.group(1))
-            if atom is not None and hi is not None and hi > lo and _elements(lo, hi) <= max_elements:
+            # (hi <= max_elements first: the written-out form holds at least hi copies, and is not built)
+            if atom is not None and hi is not None and lo < hi <= max_elements and _elements(lo, hi) <= max_elements:
                 out[atom] = _alternation(out[atom], lo, hi)
                 i = j + (1 if lazy else 0)  # laziness changes which match a search finds, not the language
             else:
