@@ -355,8 +355,14 @@ class Scheduler:
         self.counters.prefill_tokens += spec.num_tokens
         self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))
 
+        spans = []  # (request, its rows' offset in the batch, extend, start) of those that want prompt logprobs
+        offset = 0
+        for item in batch:
+            if not item.req.input_logprobs_done:
+                spans.append((item.req, offset, item.extend, item.req.kv_len))
+            offset += item.extend
         try:  # every request's prompt logprobs (a select's choices) in a few batched calls
-            batched = self._input_logprobs_batched(batch, hidden)
+            batched = self._prompt_logprobs(spans, hidden)
         except Exception:
             batched = None  # each request works out its own below: a failure then fails that request alone
         to_sample: list[Req] = []
@@ -367,12 +373,11 @@ class Scheduler:
             start = r.kv_len
             try:
                 if not r.input_logprobs_done:
-                    if batched is None:
-                        self._input_logprobs(r, hidden, offset, item.extend, start)
-                    else:
-                        tokens, tops = batched[id(r)]
-                        r.input_token_logprobs.extend(tokens)
-                        r.input_top_logprobs.extend(tops)
+                    own = batched if batched is not None else self._prompt_logprobs([(r, offset, item.extend, start)],
+                                                                                    hidden)
+                    tokens, tops = own[id(r)]
+                    r.input_token_logprobs.extend(tokens)
+                    r.input_top_logprobs.extend(tops)
                 r.kv_len = start + item.extend
                 r.new_slots = None
                 if not item.rider:  # share what is computed (a chunk, or the whole prompt)
@@ -464,25 +469,22 @@ class Scheduler:
             c.slowest = sorted([*c.slowest, (dt, describe_forward(spec))], key=lambda x: -x[0])[:SLOWEST_KEPT]
         return hidden
 
-    def _input_logprobs_batched(self, batch: list[PrefillItem], hidden: Any) -> dict[int, tuple[list, list]]:
-        """What _input_logprobs appends, for every request of the batch that wants prompt logprobs, by id(req):
-        the rows of all of them go through the LM head, log_softmax and top-k together, LOGITS_CHUNK rows a
-        call, and cross to the host once a chunk (one call a request cost a select's scoring ~1 ms of host
-        time per choice, and a device sync each)."""
+    def _prompt_logprobs(self, spans: list[tuple[Req, int, int, int]], hidden: Any) -> dict[int, tuple[list, list]]:
+        """The prompt logprobs (input_token_logprobs, input_top_logprobs entries) each span's request gets from
+        this chunk, by id(req): tokens [logprob_start_len, len) of its prompt, read from hidden rows offset ..
+        offset + extend (positions start ..). All spans' rows go through the LM head, log_softmax and top-k
+        together, LOGITS_CHUNK rows a call, and cross to the host once a chunk (one call a request cost a
+        select's scoring ~1 ms of host time per choice, and a device sync each)."""
         owners: list[tuple[Req, bool, int]] = []  # (req, whether it gets the (None, first token) entry, rows)
         rows: list[int] = []
         targets: list[int] = []
-        offset = 0
-        for item in batch:
-            r = item.req
-            if not r.input_logprobs_done:
-                prompt, start = r.origin_input_ids, r.kv_len
-                s = min(max(r.logprob_start_len, 0), len(prompt) - 1)
-                first, last = max(s - 1, start), min(len(prompt) - 1, start + item.extend)
-                owners.append((r, s == 0 and start == 0, max(0, last - first)))
-                rows.extend(range(first - start + offset, last - start + offset))
-                targets.extend(prompt[first + 1: last + 1])
-            offset += item.extend
+        for r, offset, extend, start in spans:
+            prompt = r.origin_input_ids
+            s = min(max(r.logprob_start_len, 0), len(prompt) - 1)
+            first, last = max(s - 1, start), min(len(prompt) - 1, start + extend)  # positions q -> token q+1
+            owners.append((r, s == 0 and start == 0, max(0, last - first)))
+            rows.extend(range(first - start + offset, last - start + offset))
+            targets.extend(prompt[first + 1: last + 1])
         if not owners:
             return {}
         k_max = max(r.top_logprobs_num for r, _, _ in owners)
@@ -511,30 +513,6 @@ class Scheduler:
             at += n
             out[id(r)] = (tokens, tops)
         return out
-
-    def _input_logprobs(self, req: Req, hidden: Any, offset: int, extend: int, start: int) -> None:
-        """Logprobs of prompt tokens [logprob_start_len, len) from this chunk's hidden rows
-        offset .. offset + extend (positions start ..)."""
-        prompt = req.origin_input_ids
-        s = min(max(req.logprob_start_len, 0), len(prompt) - 1)
-        if s == 0 and start == 0:
-            req.input_token_logprobs.append((None, prompt[0]))
-            req.input_top_logprobs.append(None)
-        first, last = max(s - 1, start), min(len(prompt) - 1, start + extend)  # positions q -> token q+1
-        k = req.top_logprobs_num
-        for c in range(first, last, LOGITS_CHUNK):
-            q = torch.arange(c, min(c + LOGITS_CHUNK, last))
-            lp = self.runner.logits(hidden, q - start + offset).log_softmax(-1)  # (n, V)
-            ids = [prompt[i + 1] for i in q.tolist()]
-            targets = torch.tensor([t if t < lp.shape[1] else 0 for t in ids], device=lp.device)
-            vals = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-            vals = [v if t < lp.shape[1] else None for v, t in zip(vals, ids)]  # an image's pad ids: no logprob
-            req.input_token_logprobs.extend(zip(vals, ids))
-            if k:
-                tv, ti = lp.topk(k, dim=-1)
-                req.input_top_logprobs.extend(list(zip(a, b)) for a, b in zip(tv.tolist(), ti.tolist()))
-            else:
-                req.input_top_logprobs.extend([None] * len(vals))
 
     # ---- decode ----------------------------------------------------------------------------------------
     def _run_decode(self) -> None:
