@@ -5,43 +5,28 @@ heuristics where the decode step is behind (batch 128) or above the floor (batch
     python benchmarks/gpu/gemm_tunableop.py [--batches 1,8,64,128] [--reps 200] [--out FILE]
 
 Each shape is timed as F.linear(x, W) in a CUDA graph of `reps` back-to-back calls (no launch gaps), with W
-bigger than the L2 cache; GB/s counts the weight bytes (the decode floor's terms).
+cycling through copies bigger than the L2 cache; GB/s counts the weight bytes (the decode floor's terms).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
 import torch.nn.functional as F
+from decode_split_sweep import graph_us  # this folder: on sys.path when run as a script
 
 SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008),
           "lm_head": (49152, 4096)}
 
 
 def time_linear(x: torch.Tensor, ws: list[torch.Tensor], reps: int) -> float:
-    """Microseconds per call, cycling through copies of W so no call reads a weight from L2."""
-    for w in ws:
-        F.linear(x, w)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for i in range(reps):
-            F.linear(x, ws[i % len(ws)])
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / reps)
-    return best
+    """Microseconds per call, cycling through copies of W so no call reads a weight from L2 (decode_split_sweep's
+    graph timing: `reps` calls in one CUDA graph, the best of a few replays)."""
+    copies = itertools.cycle(ws)
+    return graph_us(lambda: F.linear(x, next(copies)), calls=reps)
 
 
 def main() -> None:
