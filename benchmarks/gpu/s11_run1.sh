@@ -7,8 +7,6 @@
 #   device run:  bash benchmarks/gpu/s11_run1.sh     (carry: .whl .gpu)
 set -u
 source benchmarks/gpu/setup.sh
-step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s); timeout $limit "$@" > $OUT/$name.log 2>&1;
-         echo "== $name rc=$? $(( $(date +%s) - t0 ))s"; }
 suite=(--scale gpu --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2)
 show='import json,sys
 for w in json.load(open(sys.argv[1]))["workloads"]:

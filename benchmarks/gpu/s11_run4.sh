@@ -8,8 +8,6 @@
 set -u
 source benchmarks/gpu/setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-w/*.whl > /dev/null 2>&1
-step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s); timeout $limit "$@" > $OUT/$name.log 2>&1;
-         echo "== $name rc=$? $(( $(date +%s) - t0 ))s"; }
 suite=(--scale gpu --model dummy:llama-2-7b-smolvocab --tokenizer .gpu/smollm2 --timeout 40)
 show='import json,sys
 for w in json.load(open(sys.argv[1]))["workloads"]:

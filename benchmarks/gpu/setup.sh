@@ -23,3 +23,7 @@ if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$stamp" ]; then
   # the unpacked builds newer than the sources just installed (tried in call 5: not enough on its own)
   [ -d ~/.cache/flashinfer ] && find ~/.cache/flashinfer -type f -exec touch {} +
 fi
+# one step of a call, under a time limit: its output in $OUT/NAME.log, then a line with its exit status and seconds
+# (the scripts before session 11 define the same function themselves)
+step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s); timeout $limit "$@" > $OUT/$name.log 2>&1;
+         echo "== $name rc=$? $(( $(date +%s) - t0 ))s"; }
