@@ -67,7 +67,7 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 # ---- child: one workload on one system --------------------------------------------------------------------------
 def run_child(workload: str, system: str, scale: str, model: str, limit: int | None = None,
-              engine_args: dict | None = None, tokenizer: str | None = None) -> dict:
+              engine_args: dict | None = None, tokenizer: str | None = None, warm: bool = False) -> dict:
     import threading
 
     from workloads import build
@@ -109,6 +109,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         engine.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})
         engine.generate(input_ids=[shared + shared[: 3 + i] for i in range(4)],
                         sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    if warm:  # the whole workload once, untimed: its grammars compile, its shapes' kernels specialize
+        wl.program.run_batch(wl.args, backend=backend, temperature=0.0, num_threads=1 if spec.get("sequential")
+                             else "auto", frontend_hints=spec.get("hints", True))
+    if engine is not None:
         engine.flush_cache()
         engine.scheduler.counters.slowest.clear()  # (idle) the list then holds the workload's forwards only
         before = engine.get_stats()
@@ -148,6 +152,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                                                "decode_steps", "prefill_batches", "mixed_batches", "cascade_batches",
                                                "graphed_forwards", "eager_forwards", "eager_forward_seconds",
                                                "forward_seconds", "decode_seconds", "radix_host_seconds")}
+        phases = {k: round(v - before["phase_seconds"].get(k, 0.0), 3) for k, v in after["phase_seconds"].items()}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
                   # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
@@ -165,6 +170,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # scheduling the host works while the device runs the previous batch)
                   "radix_host_seconds": round(d["radix_host_seconds"], 4),
                   "radix_host_share": round(d["radix_host_seconds"] / wall, 5),
+                  # the scheduler thread's wall time by phase (Counters.phases): what a round's host time is made of
+                  "phase_seconds": phases,
                   # Triton kernel variants compiled while the workload ran (each a compile inside its timing)
                   "triton_compiles": {k: n - variants_before.get(k, 0) for k, n in _triton_variants().items()
                                       if n > variants_before.get(k, 0)},
@@ -222,7 +229,7 @@ def _self_cmd(args, *extra: str) -> list[str]:
 
 def run_pair(workload: str, system: str, args) -> dict:
     cmd = _self_cmd(args, "--child", workload, system, "--scale", args.scale) + (
-        ["--limit", str(args.limit)] if args.limit else [])
+        ["--limit", str(args.limit)] if args.limit else []) + (["--warm"] if args.warm else [])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ.copy())
@@ -267,6 +274,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each workload's systems N times, in reversed order every other time, and keep each "
                          "system's fastest run (all runs' programs/s are in the row's runs_programs_per_s)")
+    ap.add_argument("--warm", action="store_true",
+                    help="run each workload once untimed in its child before the timed run (grammar compiles and "
+                         "first-use kernel specializations then fall outside the timing; the cache is flushed)")
     ap.add_argument("--out", default=None, help="JSON path (default results/<date>-<scale>.json)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     ap.add_argument("--prewarm", action="store_true", help=argparse.SUPPRESS)
@@ -278,7 +288,8 @@ def main() -> None:
         os._exit(0)
     if args.child:
         print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit,
-                                   json.loads(args.engine_args) if args.engine_args else None, args.tokenizer)),
+                                   json.loads(args.engine_args) if args.engine_args else None, args.tokenizer,
+                                   args.warm)),
               flush=True)
         sys.stderr.flush()
         os._exit(0)  # skip interpreter teardown: peers' native threads may abort there, after the result is out
@@ -357,6 +368,7 @@ def _write(args, rows: list[dict], skipped: list[dict], peak: float, params: int
     path.parent.mkdir(parents=True, exist_ok=True)
     ratios, targets = _ratios(rows)
     payload = {"device": device_name(), "model": args.model, "commit": commit(), "date": date, "scale": args.scale,
+               "warm": args.warm,
                "fp32_gemm_gflops": peak, "model_params": params, "suite_seconds": seconds, "workloads": rows,
                "not_run": skipped, "ratios": ratios, "targets": targets}
     path.write_text(json.dumps(payload, indent=1))
@@ -383,7 +395,7 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
                 "latency_p99_s", "cache_hit_rate", "prompt_tokens", "prompt_tokens_computed", "generated_tokens",
                 "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
                 "peak_gpu_mb", "eager_forward_seconds", "slowest_forwards", "triton_compiles",
-                "radix_host_seconds", "radix_host_share", "runs_programs_per_s")})
+                "radix_host_seconds", "radix_host_share", "phase_seconds", "runs_programs_per_s")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]

@@ -740,6 +740,7 @@ class Engine:
             "kv_evictable": self.tree.evictable_size,
             "kv_protected": self.tree.protected_size,
             "radix_host_seconds": self.tree.host_seconds,
+            "phase_seconds": dict(c.phases),
             "new_token_ratio": s.new_token_ratio,
         }
 

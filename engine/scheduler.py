@@ -57,6 +57,14 @@ def describe_forward(spec: BatchSpec) -> str:
             f"shared={spec.shared_len} {'graph' if spec.graphed else 'eager'}")
 
 
+# admit: picking the prefill batch; build: its inputs (ids, slots, groups); forward: the model's launch (on a GPU
+# the kernels run asynchronously after it); sample: LM head, grammar masks, sampling, the tokens to the host
+# (on a GPU this waits for the forward); advance: appending tokens, finish checks, detokenizing, callbacks;
+# jump_forward: the part of advance spent on jump-forward; cache: prefill bookkeeping (prompt logprobs, the
+# tree's share of a computed chunk); idle: waiting for requests (the inbox) or for room
+PHASES = ("admit", "build", "forward", "sample", "advance", "jump_forward", "cache", "idle")
+
+
 @dataclass
 class Counters:
     requests_finished: int = 0
@@ -83,6 +91,8 @@ class Counters:
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, generated, prefilled)
+    # the scheduler thread's wall time by phase (see Scheduler._phase): where a round's host time goes
+    phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
 
 class Scheduler:
@@ -183,7 +193,9 @@ class Scheduler:
                     self._resolve_pending()  # a step of aborted requests may still be pending
                     self._flush_now()
                 if not self.step() and self.busy:
-                    time.sleep(0.001)  # nothing could run this round (should not persist; see _admit)
+                    t0 = time.perf_counter()
+                    time.sleep(0.001)  # nothing could run this round (e.g. a grammar still compiling)
+                    self._phase("idle", t0)
         except BaseException as e:  # a bug in the engine: fail everything loudly rather than hang callers
             log.exception("scheduler crashed")
             self.fatal = e
@@ -214,7 +226,9 @@ class Scheduler:
                 self.counters.decode_seconds += time.perf_counter() - t0
                 return True
             self._resolve_pending()
+        t0 = time.perf_counter()
         batch = self._admit()
+        self._phase("admit", t0)
         if batch:
             self._run_prefill(batch)
             return True
@@ -223,11 +237,22 @@ class Scheduler:
             return True
         return False
 
+    def _phase(self, name: str, t0: float) -> float:
+        """Count the time since t0 to a phase of Counters.phases; returns now."""
+        now = time.perf_counter()
+        self.counters.phases[name] += now - t0
+        return now
+
     def _drain_inbox(self, block: bool) -> None:
+        t0 = time.perf_counter()
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
         except queue.Empty:
+            if block:
+                self._phase("idle", t0)
             return
+        if block:
+            self._phase("idle", t0)
         while True:
             kind, payload = item
             if kind == "req":
@@ -320,6 +345,7 @@ class Scheduler:
 
     # ---- prefill ---------------------------------------------------------------------------------------
     def _run_prefill(self, batch: list[PrefillItem]) -> None:
+        t0 = time.perf_counter()
         batch, features = self._encode_media(batch)
         if not batch:
             return
@@ -348,9 +374,11 @@ class Scheduler:
             mm_rows=mm_rows or None,
             mm_embeds=torch.cat(mm_parts) if mm_parts else None,
         )
+        self._phase("build", t0)
         hidden = self._forward(spec, reqs)
         if hidden is None:
             return
+        t0 = time.perf_counter()
         self.counters.prefill_batches += 1
         self.counters.prefill_tokens += spec.num_tokens
         self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))
@@ -392,6 +420,7 @@ class Scheduler:
             except Exception as e:
                 self._fail(r, e)
             offset += item.extend
+        self._phase("cache", t0)
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
         if any(item.rider for item in batch):
@@ -460,6 +489,7 @@ class Scheduler:
         dt = time.perf_counter() - t0
         c = self.counters
         c.forward_seconds += dt
+        c.phases["forward"] += dt
         if not spec.graphed:
             c.eager_forwards += 1
             c.eager_seconds += dt
@@ -531,7 +561,9 @@ class Scheduler:
             reqs = [reqs[i] for i in order]
         else:
             groups = None
+        t0 = time.perf_counter()
         spec = self._decode_spec(reqs, [r.output_ids[-1] for r in reqs], groups=groups)
+        self._phase("build", t0)
         hidden = self._forward(spec, reqs)
         if hidden is None:
             return
@@ -553,10 +585,13 @@ class Scheduler:
     def _launch(self, reqs: list[Req], hidden: Any) -> bool:
         """Sample this step on the device and leave it pending. False when sampling raised (the caller then
         samples synchronously, request by request)."""
+        t0 = time.perf_counter()
         try:
             out = sample_on_device(self.runner.logits(hidden, None), reqs, self.eos_ids, self.generator)
         except Exception:
             return False
+        finally:
+            self._phase("sample", t0)
         self._pending = _Pending(reqs, out)
         return True
 
@@ -603,7 +638,7 @@ class Scheduler:
         for r in reqs:
             r.kv_len += 1
         launched = self._launch(reqs, hidden)
-        self._advance(prev.reqs, prev.out.to_host())  # the host's work, while the device runs this step
+        self._advance(prev.reqs, self._to_host(prev.out))  # the host's work, while the device runs this step
         if not launched:
             live = [r for r in reqs if not r.finished]
             if live:
@@ -615,8 +650,14 @@ class Scheduler:
         prev, self._pending = self._pending, None
         if prev is not None:
             t0 = time.perf_counter()
-            self._advance(prev.reqs, prev.out.to_host())
+            self._advance(prev.reqs, self._to_host(prev.out))
             self.counters.decode_seconds += time.perf_counter() - t0
+
+    def _to_host(self, out: DeviceSample) -> SampleOutput:
+        t0 = time.perf_counter()
+        host = out.to_host()
+        self._phase("sample", t0)
+        return host
 
     def _decode_spec(self, reqs: list[Req], input_ids: list[int], groups: Any = None,
                      input_ids_device: torch.Tensor | None = None) -> BatchSpec:
@@ -656,6 +697,7 @@ class Scheduler:
     # ---- sampling and finishing ------------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], hidden: Any, rows: list[int] | None) -> None:
         """Sample the next token of each request from `rows` of the forward's hidden states (all when None)."""
+        t0 = time.perf_counter()
         try:
             out = sample(self.runner.logits(hidden, rows), reqs, self.eos_ids, self.generator,
                          self._grammar_mask(reqs))
@@ -666,12 +708,13 @@ class Scheduler:
             out = SampleOutput([out.token_ids[i] for i in keep],
                                None if out.logprobs is None else [out.logprobs[i] for i in keep],
                                None if out.top_logprobs is None else [out.top_logprobs[i] for i in keep])
+        self._phase("sample", t0)
         self._advance(reqs, out)
 
     def _advance(self, reqs: list[Req], out: SampleOutput) -> None:
         """Append each request's sampled token, then finish, jump forward or tell its caller. A request that
         finished meanwhile (aborted while its step was in flight, under overlap scheduling) is skipped."""
-        now = time.perf_counter()
+        now = t0 = time.perf_counter()
         live = [i for i, r in enumerate(reqs) if not r.finished]
         self.counters.generated_tokens += len(live)
         self.counters.recent.append((now, len(live), 0))
@@ -696,6 +739,7 @@ class Scheduler:
                     self._notify(r)
             except Exception as e:
                 self._fail(r, e)
+        self._phase("advance", t0)
 
     def _sample_one_by_one(self, reqs: list[Req], hidden: Any, rows: list[int] | None) -> SampleOutput:
         """The batch's sampling again, each request alone (its own logits row): a request whose sampling raises
@@ -738,6 +782,13 @@ class Scheduler:
     def _jump_forward(self, req: Req) -> None:
         """The grammar admits one continuation: append its canonical tokens now (re-tokenizing the last few
         generated tokens with it), to be computed by one extend next round instead of one decode each."""
+        t0 = time.perf_counter()
+        try:
+            self._jump_forward_one(req)
+        finally:
+            self._phase("jump_forward", t0)
+
+    def _jump_forward_one(self, req: Req) -> None:
         fill_len = len(req.fill_ids)
         growth = min(req.remaining_new_tokens(), self.runner.context_length - 1 - fill_len) - 1
         if growth <= 0:

@@ -78,6 +78,8 @@ def main() -> None:
     delta = {k: round(after[k] - before.get(k, 0), 4) for k in
              ("prefill_batches", "decode_steps", "forward_seconds", "decode_seconds", "radix_host_seconds",
               "graphed_forwards", "eager_forwards", "mixed_batches") if isinstance(after.get(k), (int, float))}
+    delta["phase_seconds"] = {k: round(v - before["phase_seconds"].get(k, 0.0), 3)
+                              for k, v in after["phase_seconds"].items()}
     summary = {"workload": args.workload, "model": args.model, "wall_s": round(wall, 3),
                "programs_per_s": round(len(wl.args) / wall, 2),
                "errors": sum(s.error() is not None for s in states), **delta}
