@@ -30,10 +30,19 @@ EXTEND_BLOCK_N = 64
 EXTEND_MIN_BLOCK_M = 16  # tl.dot needs >= 16 rows
 EXTEND_WARPS = 4
 EXTEND_STAGES = 3
+# Long query runs (a long prompt's chunk): their own tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), from
+# EXTEND_LONG_MIN queries on; None: the tiles above. benchmarks/gpu/extend_sweep.py measures candidates.
+EXTEND_LONG_MIN = 2048
+EXTEND_LONG_TILES: tuple[int, int, int, int] | None = None
+# Causal query blocks in descending order (the grid's last axis reversed): the blocks near a long prompt's end
+# see the most keys, and launched first they no longer form the grid's last, lone wave.
+EXTEND_REVERSE = False
 
 
 def _extend_config(head_dim: int, max_q_len: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head size and the batch's longest query run."""
+    if EXTEND_LONG_TILES is not None and max_q_len >= EXTEND_LONG_MIN:
+        return EXTEND_LONG_TILES
     block_m = min(EXTEND_BLOCK_M, max(EXTEND_MIN_BLOCK_M, next_pow2(max(max_q_len, 1))))
     num_warps = EXTEND_WARPS if block_m >= 64 else 4
     return block_m, EXTEND_BLOCK_N, num_warps, EXTEND_STAGES
@@ -89,7 +98,7 @@ def _extend_kernel(
     stride_ot, stride_oh, stride_lt, stride_lh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     START_TENSOR: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_TABLE: tl.constexpr,
-    blocks_ptr,
+    blocks_ptr, REVERSE_M: tl.constexpr = False,
 ):
     h = tl.program_id(1)
     if BLOCK_TABLE:  # program i takes the query block blocks[i] = (request, first query); request -1: none
@@ -97,6 +106,9 @@ def _extend_kernel(
         m0 = tl.load(blocks_ptr + 2 * tl.program_id(0) + 1).to(tl.int32)
         if b < 0:
             return
+    elif REVERSE_M:  # the last query blocks (the most keys under a causal mask) first
+        b = tl.program_id(0)
+        m0 = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_M
     else:
         b = tl.program_id(0)
         m0 = tl.program_id(2) * BLOCK_M
@@ -231,6 +243,7 @@ def extend_attention(
         G=H // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), START_TENSOR=start_tensor,
         WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_TABLE=blocks is not None, blocks_ptr=blocks if blocks is not None else qo_indptr,
+        REVERSE_M=bool(EXTEND_REVERSE and causal and blocks is None),
         num_warps=num_warps, num_stages=num_stages)
     return out
 

@@ -308,6 +308,32 @@ def test_extend_causal_matches_refs(H, Hkv, D):
 
 @needs_triton
 @pytest.mark.parametrize(("H", "Hkv", "D"), HEADS[:2])
+def test_extend_reversed_blocks_and_long_tiles_match_the_oracle(H, Hkv, D, monkeypatch):
+    """EXTEND_REVERSE (causal query blocks launched last-first) and EXTEND_LONG_TILES (own tiles for long query
+    runs) change the launch, not the result: every row written, equal to the float64 oracle, causal and not."""
+    g = torch.Generator().manual_seed(5 * H + D)
+    seqs, k_buf, v_buf, table, rows, q, qo = extend_case(g, H, Hkv, D)
+    T, B = q.shape[0], len(seqs)
+    ends = torch.tensor([p + e for p, e in seqs], device=device)
+    max_q = max(e for _, e in seqs)
+    scale = D**-0.5
+    long_tiles = (64, 32, 4, 2) if CUDA else (16, 32, 4, 1)  # a BLOCK_M that differs from the default's
+    monkeypatch.setattr(ext, "EXTEND_REVERSE", True)
+    monkeypatch.setattr(ext, "EXTEND_LONG_MIN", 1)
+    monkeypatch.setattr(ext, "EXTEND_LONG_TILES", long_tiles)
+    assert ext.extend_block_m(D, max_q) == long_tiles[0]
+    for causal in (True, False):
+        out, lse = poisoned(T, H, D, dt=dtype), poisoned(T, H, dt=torch.float32)
+        ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, causal, scale, max_q, out=out, lse=lse)
+        assert_written(out)
+        assert_written(lse)
+        o64, lse64 = extend_oracle(q, k_buf, v_buf, table, rows, seqs, [0] * B, causal, scale)
+        torch.testing.assert_close(out.double(), o64, **TOL)
+        torch.testing.assert_close(lse.double(), lse64, **LSE_TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize(("H", "Hkv", "D"), HEADS[:2])
 def test_extend_block_table_equals_the_grid(H, Hkv, D):
     """The block-table launch (what extend CUDA graphs use: a fixed grid, unused rows of the table idle) writes
     the same rows as the per-request grid, leaves rows past the batch untouched, and an all-idle table writes

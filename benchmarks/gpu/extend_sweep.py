@@ -1,0 +1,157 @@
+"""Tiles and block order of the Triton extend (prefill) attention on long prompts, then the engine's prefill row
+with the fastest candidate. Run on a GPU machine:
+
+    python3 benchmarks/gpu/extend_sweep.py --tokenizer .gpu/smollm2 --out $OUT/extend.json
+
+Shapes (Llama-2-7B heads: 32 x 128, bf16, causal): a fresh 8k prompt the way the engine computes it (chunks of
+`chunked_prefill_size` queries, each over everything before it), the same prompt in one pass, and 8 fresh 1k
+prompts. Each candidate (BLOCK_M, BLOCK_N, warps, stages, reversed block order) is checked against the default
+tiles' output, then timed with CUDA events (median of --reps). Rates count the causal mask's visible scores only.
+Then `make bench-gpu`'s prefill row (bench_gpu.prefill_row) runs with the default tiles, with the best candidate
+for the chunked 8k prompt, and with that candidate plus one 8k chunk (chunked_prefill_size=8192).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+DEV, DTYPE = "cuda", torch.bfloat16  # --dry-run: the CPU, float32, Triton's interpreter, small shapes
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, reversed)
+CANDIDATES = [
+    (64, 64, 4, 3, False),  # the default
+    (64, 64, 4, 3, True),
+    (128, 64, 8, 3, False),
+    (128, 64, 8, 3, True),
+    (128, 128, 8, 3, True),
+    (128, 32, 4, 3, True),
+    (128, 64, 4, 3, True),
+    (64, 128, 4, 3, True),
+    (64, 64, 4, 4, True),
+]
+
+
+def case(n_req: int, q_len: int, prefix: int, H: int, D: int, g: torch.Generator):
+    """Tensors for n_req requests of q_len new queries over `prefix` earlier keys each, contiguous slots."""
+    L = prefix + q_len
+    S = n_req * L + 1
+    k = torch.randn(S, H, D, generator=g).to(DEV, DTYPE)
+    v = torch.randn(S, H, D, generator=g).to(DEV, DTYPE)
+    table = (torch.arange(n_req * L).view(n_req, L) + 1).to(DEV, torch.int32)
+    rows = torch.arange(n_req, device=DEV)
+    q = torch.randn(n_req * q_len, H, D, generator=g).to(DEV, DTYPE)
+    qo = torch.arange(0, n_req * q_len + 1, q_len, device=DEV, dtype=torch.int32)
+    ends = torch.full((n_req,), L, device=DEV, dtype=torch.int32)
+    visible = n_req * (q_len * prefix + q_len * (q_len + 1) // 2)  # causal scores, bottom-right
+    return (q, k, v, table, rows, qo, 0, ends, True, D**-0.5, q_len), 4 * visible * H * D
+
+
+def run(args_tuple, cfg) -> torch.Tensor:
+    from sgnb.kernels import extend_attention as ext
+
+    bm, bn, w, st, rev = cfg
+    ext.EXTEND_LONG_MIN, ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = 1, (bm, bn, w, st), rev
+    return ext.extend_attention(*args_tuple)
+
+
+def time_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if DEV == "cpu":
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--chunk", type=int, default=2048)
+    ap.add_argument("--no-engine", action="store_true", help="the kernel sweep only")
+    ap.add_argument("--dry-run", action="store_true", help="check the script on a CPU (TRITON_INTERPRET=1 set)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    global DEV, DTYPE
+    n_total, H, D = 8192, 32, 128
+    if args.dry_run:
+        DEV, DTYPE = "cpu", torch.float32
+        n_total, H, D, args.chunk, args.reps, args.no_engine = 128, 2, 16, 32, 1, True
+    from sgnb.kernels import extend_attention as ext
+
+    saved = (ext.EXTEND_LONG_MIN, ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE)
+    g = torch.Generator().manual_seed(0)
+    shapes = {f"1x{n_total} in {n_total // args.chunk} chunks": [case(1, args.chunk, p, H, D, g)
+                                                                for p in range(0, n_total, args.chunk)],
+              f"1x{n_total} one pass": [case(1, n_total, 0, H, D, g)],
+              f"8x{n_total // 8}": [case(8, n_total // 8, 0, H, D, g)]}
+    rows = []
+    for name, parts in shapes.items():
+        flops = sum(f for _, f in parts)
+        want = [run(a, CANDIDATES[0]).clone() for a, _ in parts]
+        for cfg in CANDIDATES:
+            try:
+                got = [run(a, cfg) for a, _ in parts]
+                err = max(float((x.float() - y.float()).abs().max()) for x, y in zip(got, want))
+                ms = time_ms(lambda parts=parts, cfg=cfg: [run(a, cfg) for a, _ in parts], args.reps)
+                row = {"shape": name, "tiles": list(cfg[:4]), "reversed": cfg[4], "ms": round(ms, 3),
+                       "tflops": round(flops / ms / 1e9, 1), "max_abs_diff": round(err, 4)}
+            except Exception as e:  # a tile that does not fit (shared memory) or does not compile
+                row = {"shape": name, "tiles": list(cfg[:4]), "reversed": cfg[4], "error": f"{type(e).__name__}: {e}"[:200]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    ext.EXTEND_LONG_MIN, ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = saved
+    result: dict = {"kernel": rows}
+    chunked = [r for r in rows if r["shape"].endswith("chunks") and "ms" in r and r["max_abs_diff"] < 0.05]
+    best = min(chunked, key=lambda r: r["ms"]) if chunked else None
+    result["best_chunked"] = best
+    if best is not None and not args.no_engine:
+        from bench_gpu import prefill_row
+        from common import matmul_peak_gflops
+
+        peak = matmul_peak_gflops(device=DEV)
+        engine_rows = {}
+        variants = {"default": (None, False, None), "best": (tuple(best["tiles"]), best["reversed"], None),
+                    "best, 8k chunks": (tuple(best["tiles"]), best["reversed"], '{"chunked_prefill_size": 8192}')}
+        for label, (tiles, rev, engine_args) in variants.items():
+            ext.EXTEND_LONG_MIN = 2048
+            ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = tiles, rev
+            ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, engine_args=engine_args)
+            try:
+                r = prefill_row(ns, peak)
+                engine_rows[label] = {k: r[k] for k in ("tokens_per_s", "fraction_of_ceiling", "first_token_ms",
+                                                        "attention_backend")}
+            except Exception as e:
+                engine_rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            print(label, json.dumps(engine_rows[label]), flush=True)
+        ext.EXTEND_LONG_MIN, ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = saved
+        result["engine_prefill"] = engine_rows
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
