@@ -30,18 +30,22 @@ EXTEND_BLOCK_N = 64
 EXTEND_MIN_BLOCK_M = 16  # tl.dot needs >= 16 rows
 EXTEND_WARPS = 4
 EXTEND_STAGES = 3
-# Long query runs (a long prompt's chunk): their own tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), from
-# EXTEND_LONG_MIN queries on; None: the tiles above. benchmarks/gpu/extend_sweep.py measures candidates.
-EXTEND_LONG_MIN = 2048
-EXTEND_LONG_TILES: tuple[int, int, int, int] | None = None
-# Causal query blocks in descending order (the grid's last axis reversed): the blocks near a long prompt's end
-# see the most keys, and launched first they no longer form the grid's last, lone wave.
-EXTEND_REVERSE = False
+# Long causal query runs (a long prompt, or its chunks): their own tiles (BLOCK_M, BLOCK_N, num_warps,
+# num_stages) from EXTEND_LONG_MIN queries on, and their query blocks in descending order (EXTEND_REVERSE: the
+# grid's last axis reversed; the blocks near the prompt's end see the most keys, and launched first they no
+# longer make the grid's last, lone wave). None: the tiles above, in order. Measured on the H200 (32 x 128
+# heads, bf16; benchmarks/gpu/extend_sweep.py, 2026-12-03): one layer of a fresh 8k prompt in 2k chunks 1.58 ms
+# (348 TFLOP/s of visible scores) against 1.76 with the tiles above; 8 x 1k 0.417 against 0.434 ms. The
+# block-table launch (extend CUDA graphs) and non-causal passes (a shared prefix) keep the tiles above.
+EXTEND_LONG_MIN = 1024
+EXTEND_LONG_TILES: tuple[int, int, int, int] | None = (128, 64, 4, 3)
+EXTEND_REVERSE = True
 
 
-def _extend_config(head_dim: int, max_q_len: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head size and the batch's longest query run."""
-    if EXTEND_LONG_TILES is not None and max_q_len >= EXTEND_LONG_MIN:
+def _extend_config(head_dim: int, max_q_len: int, long: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head size and the batch's longest query run; long=True
+    (a causal grid launch) may take the long-run tiles."""
+    if long and EXTEND_LONG_TILES is not None and max_q_len >= EXTEND_LONG_MIN:
         return EXTEND_LONG_TILES
     block_m = min(EXTEND_BLOCK_M, max(EXTEND_MIN_BLOCK_M, next_pow2(max(max_q_len, 1))))
     num_warps = EXTEND_WARPS if block_m >= 64 else 4
@@ -227,7 +231,8 @@ def extend_attention(
                                     causal, scale, max_q_len, out=out, lse=lse)
     if B == 0 or T == 0 or max_q_len <= 0:
         return out
-    block_m, block_n, num_warps, num_stages = _extend_config(D, max_q_len)
+    long = bool(causal) and blocks is None and EXTEND_LONG_TILES is not None and max_q_len >= EXTEND_LONG_MIN
+    block_m, block_n, num_warps, num_stages = _extend_config(D, max_q_len, long)
     start_tensor = isinstance(kv_start, torch.Tensor)
     if blocks is not None:
         assert blocks.dim() == 2 and blocks.shape[1] == 2 and blocks.is_contiguous(), blocks.shape
@@ -243,13 +248,13 @@ def extend_attention(
         G=H // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), START_TENSOR=start_tensor,
         WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_TABLE=blocks is not None, blocks_ptr=blocks if blocks is not None else qo_indptr,
-        REVERSE_M=bool(EXTEND_REVERSE and causal and blocks is None),
+        REVERSE_M=bool(long and EXTEND_REVERSE),
         num_warps=num_warps, num_stages=num_stages)
     return out
 
 
 def extend_block_m(head_dim: int, max_q_len: int) -> int:
-    """The query block size extend_attention uses for this head size and max_q_len."""
+    """The query block size extend_attention uses for this head size and max_q_len in a block-table launch."""
     return _extend_config(head_dim, max_q_len)[0]
 
 

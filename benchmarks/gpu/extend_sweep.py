@@ -7,8 +7,9 @@ Shapes (Llama-2-7B heads: 32 x 128, bf16, causal): a fresh 8k prompt the way the
 `chunked_prefill_size` queries, each over everything before it), the same prompt in one pass, and 8 fresh 1k
 prompts. Each candidate (BLOCK_M, BLOCK_N, warps, stages, reversed block order) is checked against the default
 tiles' output, then timed with CUDA events (median of --reps). Rates count the causal mask's visible scores only.
-Then `make bench-gpu`'s prefill row (bench_gpu.prefill_row) runs with the default tiles, with the best candidate
-for the chunked 8k prompt, and with that candidate plus one 8k chunk (chunked_prefill_size=8192).
+Then `make bench-gpu`'s prefill row (bench_gpu.prefill_row) runs, each in its own process: with the 64 x 64 tiles
+in order (before), with the module's long-run tiles (now), with the best candidate of the chunked 8k prompt,
+and with the long-run tiles and one 8k chunk (chunked_prefill_size=8192).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +31,7 @@ DEV, DTYPE = "cuda", torch.bfloat16  # --dry-run: the CPU, float32, Triton's int
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, reversed)
 CANDIDATES = [
-    (64, 64, 4, 3, False),  # the default
+    (64, 64, 4, 3, False),  # the tiles before long runs had their own (the reference of max_abs_diff)
     (64, 64, 4, 3, True),
     (128, 64, 8, 3, False),
     (128, 64, 8, 3, True),
@@ -85,6 +87,23 @@ def time_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def engine_row(args: argparse.Namespace) -> None:
+    """bench_gpu's prefill row with the long-run tiles and order of --engine-row's JSON; prints one JSON line."""
+    from bench_gpu import prefill_row
+    from common import matmul_peak_gflops
+
+    from sgnb.kernels import extend_attention as ext
+
+    spec = json.loads(args.engine_row)
+    ext.EXTEND_LONG_TILES = tuple(spec["tiles"]) if spec["tiles"] else None
+    ext.EXTEND_REVERSE = spec["reverse"]
+    ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer,
+                            engine_args=json.dumps(spec["engine_args"]) if spec["engine_args"] else None)
+    r = prefill_row(ns, matmul_peak_gflops(device="cuda"))
+    print(json.dumps({**spec, **{k: r[k] for k in ("tokens_per_s", "fraction_of_ceiling", "first_token_ms",
+                                                   "attention_backend")}}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
@@ -93,8 +112,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=2048)
     ap.add_argument("--no-engine", action="store_true", help="the kernel sweep only")
     ap.add_argument("--dry-run", action="store_true", help="check the script on a CPU (TRITON_INTERPRET=1 set)")
+    ap.add_argument("--engine-timeout", type=float, default=90.0, help="seconds per engine prefill row")
+    ap.add_argument("--engine-row", help=argparse.SUPPRESS)  # one engine prefill row, in this process
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.engine_row:
+        engine_row(args)
+        return
     global DEV, DTYPE
     n_total, H, D = 8192, 32, 128
     if args.dry_run:
@@ -129,25 +153,20 @@ def main() -> None:
     best = min(chunked, key=lambda r: r["ms"]) if chunked else None
     result["best_chunked"] = best
     if best is not None and not args.no_engine:
-        from bench_gpu import prefill_row
-        from common import matmul_peak_gflops
-
-        peak = matmul_peak_gflops(device=DEV)
         engine_rows = {}
-        variants = {"default": (None, False, None), "best": (tuple(best["tiles"]), best["reversed"], None),
-                    "best, 8k chunks": (tuple(best["tiles"]), best["reversed"], '{"chunked_prefill_size": 8192}')}
+        now = list(saved[1]) if saved[1] else None
+        variants = {"before": ([64, 64, 4, 3], False, None), "now": (now, saved[2], None),
+                    "best": (best["tiles"], best["reversed"], None),
+                    "now, 8k chunks": (now, saved[2], {"chunked_prefill_size": 8192})}
         for label, (tiles, rev, engine_args) in variants.items():
-            ext.EXTEND_LONG_MIN = 2048
-            ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = tiles, rev
-            ns = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, engine_args=engine_args)
-            try:
-                r = prefill_row(ns, peak)
-                engine_rows[label] = {k: r[k] for k in ("tokens_per_s", "fraction_of_ceiling", "first_token_ms",
-                                                        "attention_backend")}
-            except Exception as e:
-                engine_rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            spec = json.dumps({"tiles": tiles, "reverse": rev, "engine_args": engine_args})
+            cmd = [sys.executable, __file__, "--model", args.model, "--engine-row", spec] + (
+                ["--tokenizer", args.tokenizer] if args.tokenizer else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.engine_timeout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            engine_rows[label] = json.loads(lines[-1]) if lines else {
+                "error": f"rc {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:300]}
             print(label, json.dumps(engine_rows[label]), flush=True)
-        ext.EXTEND_LONG_MIN, ext.EXTEND_LONG_TILES, ext.EXTEND_REVERSE = saved
         result["engine_prefill"] = engine_rows
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -321,7 +321,8 @@ def test_extend_reversed_blocks_and_long_tiles_match_the_oracle(H, Hkv, D, monke
     monkeypatch.setattr(ext, "EXTEND_REVERSE", True)
     monkeypatch.setattr(ext, "EXTEND_LONG_MIN", 1)
     monkeypatch.setattr(ext, "EXTEND_LONG_TILES", long_tiles)
-    assert ext.extend_block_m(D, max_q) == long_tiles[0]
+    assert ext._extend_config(D, max_q, long=True)[0] == long_tiles[0]
+    assert ext.extend_block_m(D, max_q) != long_tiles[0]  # a block table is built with the default tiles
     for causal in (True, False):
         out, lse = poisoned(T, H, D, dt=dtype), poisoned(T, H, dt=torch.float32)
         ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, causal, scale, max_q, out=out, lse=lse)
