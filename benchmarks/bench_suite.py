@@ -66,8 +66,36 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 # ---- child: one workload on one system --------------------------------------------------------------------------
+def _watchdog(deadline: float, engine_ref: list) -> None:
+    """Just before the parent's timeout kills this child: the engine's queues and counters, then every thread's
+    stack, on stderr (the parent keeps a timed-out child's stderr: a stall shows where it stalled)."""
+    import faulthandler
+    import threading
+
+    def dump() -> None:
+        eng = engine_ref[0] if engine_ref else None
+        if eng is not None:
+            try:
+                st = eng.get_stats()
+                s = eng.scheduler
+                print("WATCHDOG engine:", json.dumps({
+                    k: st.get(k) for k in ("waiting", "running", "requests_finished", "requests_failed",
+                                           "prefill_batches", "decode_steps", "retractions", "kv_free", "kv_used",
+                                           "kv_evictable", "kv_protected", "phase_seconds")}),
+                      "statuses:", sorted(str(r.status) for r in list(s.active))[:20],
+                      "pending:", s._pending is not None, "fatal:", repr(s.fatal), file=sys.stderr, flush=True)
+            except Exception as e:  # the dump must not raise in a stalled process
+                print("WATCHDOG engine stats failed:", repr(e), file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    t = threading.Timer(max(deadline - 5.0 - time.time(), 0.5), dump)
+    t.daemon = True
+    t.start()
+
+
 def run_child(workload: str, system: str, scale: str, model: str, limit: int | None = None,
-              engine_args: dict | None = None, tokenizer: str | None = None, warm: bool = False) -> dict:
+              engine_args: dict | None = None, tokenizer: str | None = None, warm: bool = False,
+              deadline: float | None = None) -> dict:
     import threading
 
     from workloads import build
@@ -81,6 +109,9 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
     if limit:
         wl.args = wl.args[:limit]
     spec = SYSTEMS[system]
+    engine_ref: list = []
+    if deadline:  # the wall-clock time (time.time()) at which the parent kills this child
+        _watchdog(deadline, engine_ref)
     source = resolve_model(model)
     prompts: list[list[int]] = []
     engine = None
@@ -89,6 +120,7 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
 
         backend = sgnb.Runtime(model, **{**spec["engine"], **(engine_args or {})})
         engine = backend.engine
+        engine_ref.append(engine)
     else:
         from peers import SYSTEMS_PEERS, LlamaCpp
 
@@ -231,7 +263,8 @@ def _self_cmd(args, *extra: str) -> list[str]:
 
 def run_pair(workload: str, system: str, args) -> dict:
     cmd = _self_cmd(args, "--child", workload, system, "--scale", args.scale) + (
-        ["--limit", str(args.limit)] if args.limit else []) + (["--warm"] if args.warm else [])
+        ["--limit", str(args.limit)] if args.limit else []) + (["--warm"] if args.warm else []) + [
+        "--child-deadline", str(time.time() + args.timeout)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ.copy())
@@ -239,9 +272,15 @@ def run_pair(workload: str, system: str, args) -> dict:
         killed = time.time()
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        tail = " | ".join(err.strip().splitlines()[-3:])
+        # a watchdog dump goes to the log below, not into the status line
+        tail = "" if "WATCHDOG" in err else " | ".join(err.strip().splitlines()[-3:])
         row = {"workload": workload, "system": system, "status": f"timeout after {args.timeout} s"
                + (f" (stderr: {tail})" if tail else "")}
+        # the child's watchdog dumped its engine's state and every thread's stack there, just before the kill
+        log_path = _out_path(args).with_suffix(f".{workload}.{system}.timeout.txt")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(err)
+        row["timeout_log"] = str(log_path)
         stamps = [json.loads(ln)["timing_started"] for ln in out.splitlines() if ln.startswith('{"timing_started"')]
         if stamps:  # its timed run had not finished after timed_s: its programs/s is below programs / timed_s
             from workloads import build
@@ -292,6 +331,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default results/<date>-<scale>.json)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     ap.add_argument("--prewarm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.prewarm:  # one engine start (its warm-up), nothing timed
         from sgnb.engine import Engine
@@ -301,7 +341,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_child(*args.child, args.scale, args.model, args.limit,
                                    json.loads(args.engine_args) if args.engine_args else None, args.tokenizer,
-                                   args.warm)),
+                                   args.warm, args.child_deadline)),
               flush=True)
         sys.stderr.flush()
         os._exit(0)  # skip interpreter teardown: peers' native threads may abort there, after the result is out
@@ -376,9 +416,13 @@ def main() -> None:
     print(f"\nwrote {path} ({total / 60:.1f} min)")
 
 
+def _out_path(args) -> Path:
+    return Path(args.out) if args.out else RESULTS / f"{_dt.date.today().isoformat()}-{args.scale}.json"
+
+
 def _write(args, rows: list[dict], skipped: list[dict], peak: float, params: int, seconds: float) -> Path:
+    path = _out_path(args)
     date = _dt.date.today().isoformat()
-    path = Path(args.out) if args.out else RESULTS / f"{date}-{args.scale}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     ratios, targets = _ratios(rows)
     payload = {"device": device_name(), "model": args.model, "commit": commit(), "date": date, "scale": args.scale,
@@ -403,6 +447,8 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
     rows = []
     for system, r in results.items():
         row = {"name": name, "system": system, "status": r["status"]}
+        if r.get("timeout_log"):
+            row["timeout_log"] = r["timeout_log"]
         if r.get("programs_per_s_below") and base and base.get("programs_per_s"):
             # timed out: a bound, not a measurement (sgnb is at least this many times faster)
             row.update(timed_s_at_timeout=r["timed_s_at_timeout"], programs_per_s_below=r["programs_per_s_below"],

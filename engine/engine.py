@@ -40,6 +40,7 @@ from sgnb.engine.sampling_params import SamplingParams, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
+CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
 # the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
 CUDA_SWITCH_INTERVAL = 0.0005
 log = logging.getLogger("sgnb.engine")
@@ -69,6 +70,9 @@ class Engine:
         self._media: OrderedDict[int, dict[str, Any]] = OrderedDict()  # pad id -> what views show for it
         self._media_lock = threading.Lock()
         self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
+        if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
+            self.config = dataclasses.replace(
+                self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
         try:
             self.events = EventBus(self.config.event_history)
             self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
