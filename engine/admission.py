@@ -12,7 +12,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import torch
+
 from sgnb.engine.config import EngineConfig
+from sgnb.engine.forward_batch import to_device
 from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
@@ -30,6 +33,7 @@ class PrefillItem:
     req: Req
     extend: int  # tokens this round computes, from req.kv_len
     rider: bool = False  # a running request's decode step riding along (its one new token)
+    forced: bool = False  # a jump-forward continuation: the grammar's forced tokens after generated ones
 
 
 class Added(enum.Enum):
@@ -58,18 +62,20 @@ class PrefillAdder:
     def add_continuation(self, req: Req, chunk: bool) -> bool:
         """An admitted request's next tokens (it already holds its row, prefix and lock): all of them, or with
         chunk=True at most a chunk. False when they do not fit now."""
-        left = len(req.fill_ids) - req.kv_len
+        left = req.fill_len - req.kv_len
         ext = min(left, self.budget, self.config.chunked_prefill_size) if chunk else left
         if ext <= 0 or ext > self.budget or not self.kv.alloc_extend(req, ext):
             return False
-        self._take(req, ext, finishes=ext == left)
+        self._take(req, ext, finishes=ext == left, forced=not chunk)
         return True
 
     def add_new(self, req: Req) -> Added:
         """A waiting request: match its cached prefix, lock it, allocate the rest (or its first chunk)."""
-        fill = req.fill_ids
-        match = self.tree.match_prefix(fill)
-        prefix = min(len(match.indices), len(fill) - 1)  # compute at least one token: its logits
+        fill = req.fill_ids if req.output_ids else req.origin_input_ids  # (no copy of a long prompt)
+        # how much is cached, without touching the tree (walking on from this request's earlier walks): most
+        # requests tried in a busy round are skipped or do not fit, and match_prefix would split nodes for them
+        cached, req.lpm_hint = self.tree.prefix_walk(fill, req.lpm_hint)
+        prefix = min(cached, len(fill) - 1)  # compute at least one token: its logits
         if not req.input_logprobs_done:
             prefix = min(prefix, max(req.logprob_start_len - 1, 0))
         total = len(fill) - prefix
@@ -85,6 +91,8 @@ class PrefillAdder:
         need = ext + (reserve(req, self.ratio) if ext == total else 0)
         if need > self.kv.available - self.reserved:
             return Added.STOP
+        match = self.tree.match_prefix(fill)
+        assert len(match.indices) == cached, (len(match.indices), cached)
         if not self.kv.admit(req, match, prefix):
             return Added.STOP
         if not self.kv.alloc_extend(req, ext):
@@ -97,14 +105,23 @@ class PrefillAdder:
 
     def add_riders(self, running: list[Req]) -> None:
         """Running requests decode their next token in this batch too (a mixed batch), as long as a slot each
-        can be had without evicting: they need not wait for the prefill round to end."""
-        for req in running:
-            if self.kv.kv_pool.available < 1 or not self.kv.alloc_extend(req, 1):
-                return
+        can be had without evicting: they need not wait for the prefill round to end. Their slots are taken and
+        written into their rows at once (a decode step's way: one write for all, not one per request)."""
+        riders = running[: self.kv.kv_pool.available]
+        if not riders:
+            return
+        slots = self.kv.kv_pool.alloc(len(riders))
+        if slots is None:
+            return
+        dev = slots.device
+        self.kv.req_pool.write_points(to_device([r.req_pool_idx for r in riders], torch.int64, dev),
+                                      to_device([r.kv_len for r in riders], torch.int64, dev), slots)
+        for i, req in enumerate(riders):
+            req.new_slots = slots[i: i + 1]
             self.items.append(PrefillItem(req, 1, rider=True))
 
-    def _take(self, req: Req, ext: int, finishes: bool) -> None:
-        self.items.append(PrefillItem(req, ext))
+    def _take(self, req: Req, ext: int, finishes: bool, forced: bool = False) -> None:
+        self.items.append(PrefillItem(req, ext, forced=forced))
         self.budget -= ext
         if finishes:
             self.reserved += reserve(req, self.ratio)

@@ -513,6 +513,7 @@ class GrammarMatcher:
         self.vocab = vocab
         self.tokens: list[int] = []
         self._scratch: torch.Tensor | None = None  # one bitmask row for jump-forward's checks
+        self._not_stop: np.ndarray | None = None  # bitmask words with every bit set but the stop tokens'
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) when the grammar does not allow it."""
@@ -551,8 +552,15 @@ class GrammarMatcher:
         request (appending the stop token) without another forward pass."""
         if self.is_terminated() or not self.is_completed():
             return False
-        allowed = np.flatnonzero(np.unpackbits(self._next_words().view(np.uint8), bitorder="little"))
-        return set(allowed.tolist()) <= set(self._m.stop_token_ids)
+        words = self._next_words()
+        if self._not_stop is None:  # every bit but the stop tokens' (a complete number or name that may go on
+            # allows thousands of tokens: comparing them as sets cost ~0.3 ms a step, this ~5 us)
+            keep = np.full(words.shape, -1, dtype=words.dtype)
+            for t in self._m.stop_token_ids:
+                if 0 <= t < 32 * len(keep):
+                    keep[t >> 5] &= ~np.array(1 << (t & 31), dtype=np.uint32).view(np.int32)
+            self._not_stop = keep
+        return not np.any(words & self._not_stop)
 
     def close_in_one(self, bitmask: torch.Tensor, row: int) -> bool:
         """For the last token of a request's budget: narrow bitmask[row] (filled for this state) to the tokens

@@ -97,6 +97,7 @@ class KVManager:
             self.tree.dec_lock_ref(req.last_node)
         self.req_pool.free(row)
         req.req_pool_idx, req.last_node, req.kv_len, req.cached_len = None, None, 0, 0
+        req.rollback_floor = 0
 
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the request's K/V past position kv_len (its own slots only: kv_len >= cached_len)."""

@@ -137,13 +137,23 @@ class RadixCache:
             indices = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else self._empty
             return MatchResult(indices, node)
 
-    @_timed
     def prefix_len(self, key: list[int]) -> int:
         """Length of the cached prefix of `key`, with no side effect at all (for scheduling priorities)."""
+        return self.prefix_walk(key)[0]
+
+    @_timed
+    def prefix_walk(self, key: list[int], hint: tuple[TreeNode, int] | None = None) -> tuple[int, tuple[TreeNode, int]]:
+        """prefix_len(key), and a hint for the next call with the same key (or one that extends it): the
+        deepest node whose whole path the key matched, and that path's length. With a hint whose node is still in
+        the tree the walk starts there (a split leaves a node's path as it was; an evicted node is no longer in
+        `nodes`): a waiting request's long prompt is compared once, not every round. No side effect."""
         if self.disable:
-            return 0
+            return 0, (self.root, 0)
         with self.lock:
             node, i = self.root, 0
+            if hint is not None and self.nodes.get(hint[0].id) is hint[0] and hint[1] <= len(key):
+                node, i = hint
+            at = (node, i)
             while i < len(key):
                 child = node.children.get(key[i])
                 if child is None:
@@ -153,7 +163,8 @@ class RadixCache:
                 if n < len(child.key):
                     break
                 node = child
-            return i
+                at = (node, i)
+            return i, at
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after n tokens; returns the new upper node, which keeps child's locks, stats and creation

@@ -68,6 +68,10 @@ class Req:
         self.grammar_future: Any = None
         self.grammar: Any = None
         self.forced: list[bool] = []  # per output token: appended by jump-forward (True) or sampled
+        # lpm's walk of the tree for this request while it waits: (deepest fully matched node, its depth);
+        # cleared when it is admitted (its tokens may change afterwards: jump-forward rolls some back)
+        self.lpm_hint: Any = None
+        self.rollback_floor = 0  # jump-forward rolls back no token before this position (its last extend's end)
         self.decode_steps = 0  # model forwards that produced a sampled token of this request
         self.created = time.perf_counter()
         self.first_token_time: float | None = None
@@ -76,6 +80,20 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def fill_len(self) -> int:
+        """len(fill_ids), without building it (a long prompt's copy costs ~10 us, several times a round)."""
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def fill_slice(self, lo: int, hi: int) -> list[int]:
+        """fill_ids[lo:hi] (0 <= lo <= hi), copying only those tokens."""
+        n = len(self.origin_input_ids)
+        if hi <= n:
+            return self.origin_input_ids[lo:hi]
+        if lo >= n:
+            return self.output_ids[lo - n: hi - n]
+        return self.origin_input_ids[lo:] + self.output_ids[: hi - n]
 
     @property
     def finished(self) -> bool:

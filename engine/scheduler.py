@@ -304,9 +304,11 @@ class Scheduler:
         if admitted:
             ids = {id(r) for r in admitted}
             self.waiting = [r for r in self.waiting if id(r) not in ids]
+            for r in admitted:
+                r.lpm_hint = None
             self.active.extend(admitted)
         for item in adder.items:  # what each request does after this round
-            done = item.req.kv_len + item.extend == len(item.req.fill_ids)
+            done = item.req.kv_len + item.extend == item.req.fill_len
             item.req.status = ReqStatus.RUNNING if done else ReqStatus.CHUNKED
         if adder.items and running and not self.config.disable_mixed_batches:
             adder.add_riders(running)
@@ -363,7 +365,8 @@ class Scheduler:
                 if a < b:
                     mm_rows.extend(range(len(ids) + a - lo, len(ids) + b - lo))
                     mm_parts.append(features[p.item.hash][a - p.offset: b - p.offset])
-            ids.extend(t if not is_pad(t) else PLACEHOLDER_ID for t in r.fill_ids[lo:hi])
+            chunk = r.fill_slice(lo, hi)
+            ids.extend((t if not is_pad(t) else PLACEHOLDER_ID for t in chunk) if r.mm else chunk)
         spec = BatchSpec(
             input_ids=ids,
             out_cache_loc=torch.cat([r.new_slots for r in reqs]),  # type: ignore[misc]
@@ -408,9 +411,13 @@ class Scheduler:
                     r.input_top_logprobs.extend(tops)
                 r.kv_len = start + item.extend
                 r.new_slots = None
-                if not item.rider:  # share what is computed (a chunk, or the whole prompt)
+                if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
+                    # end (sharing it mid-request saves no one anything and cost a tree walk per request and
+                    # round); jump-forward still rolls back no further than this extend
+                    r.rollback_floor = r.kv_len
+                elif not item.rider:  # share what is computed (a chunk, or the whole prompt)
                     self.kv.cache_unfinished(r)
-                if r.kv_len == len(r.fill_ids):
+                if r.kv_len == r.fill_len:
                     r.input_logprobs_done = True
                     if r.remaining_new_tokens() <= 0:
                         self._finish(r, {"type": "length", "length": r.sampling.max_new_tokens})
@@ -789,14 +796,15 @@ class Scheduler:
             self._phase("jump_forward", t0)
 
     def _jump_forward_one(self, req: Req) -> None:
-        fill_len = len(req.fill_ids)
+        fill_len = req.fill_len
         growth = min(req.remaining_new_tokens(), self.runner.context_length - 1 - fill_len) - 1
         if growth <= 0:
             return
         from sgnb.engine.grammar import jump_forward
 
         jf = jump_forward(req.grammar, req.output_ids, self.tokenizer,
-                          max_rollback=min(4, fill_len - req.cached_len), max_growth=growth)
+                          max_rollback=min(4, fill_len - max(req.cached_len, req.rollback_floor)),
+                          max_growth=growth)
         if jf is None:
             return
         k = jf.rollback_tokens

@@ -90,6 +90,8 @@ def main() -> None:
     stats.sort_stats("tottime").print_stats(args.top)
     if os.environ.get("PROFILE_CALLERS"):
         stats.print_callers(os.environ["PROFILE_CALLERS"])
+    if os.environ.get("PROFILE_CALLEES"):
+        stats.print_callees(os.environ["PROFILE_CALLEES"])
     text = "\n".join(line for line in out.getvalue().splitlines() if line.strip())
     print(text)
     if args.out:

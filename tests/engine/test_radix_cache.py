@@ -340,6 +340,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.ref: dict[Path, int] = {}  # every cached path -> slot of its last token
         self.ev_parent: dict[int, int | None] = {}  # the tree as replayed from the events: node -> parent
         self.ev_locked: set[int] = set()
+        self.hints: dict[tuple, tuple] = {}  # walk_on's hints, by key
 
     @initialize(size=st.sampled_from([24, 64, 128]))
     def setup(self, size: int) -> None:
@@ -483,6 +484,19 @@ class RadixMachine(RuleBasedStateMachine):
         n = self.cache.prefix_len(key)
         assert self.cache.snapshot(max_key=BIG) == before, "prefix_len changed the tree"
         assert len(self._check_match(key).indices) == n
+
+    @rule(key=keys, tail=st.lists(st.integers(0, 3), max_size=4))
+    def walk_on(self, key: list[int], tail: list[int]) -> None:
+        """prefix_walk from the hint an earlier walk of this key left (across any inserts, splits, evictions
+        and resets since) gives prefix_len, for the key and for the key extended (a waiting request's tokens)."""
+        hints = self.hints
+        for k in (key, key + tail):
+            before = self.cache.snapshot(max_key=BIG)
+            n, hint = self.cache.prefix_walk(k, hints.get(tuple(key)))
+            assert self.cache.snapshot(max_key=BIG) == before, "prefix_walk changed the tree"
+            assert n == longest(self.ref, k) and hint[1] <= n
+            if k is key:
+                hints[tuple(key)] = hint
 
     @rule(i=st.integers(0, 63), cut=st.integers(0, 19), tail=st.lists(st.integers(0, 3), max_size=4))
     def match_near(self, i: int, cut: int, tail: list[int]) -> None:
@@ -644,10 +658,17 @@ def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_
     shared = list(range(1000, 1000 + LPM_MIN_PREFIX + 8))
     tree.insert(shared, torch.arange(len(shared)))
     tree.insert([7, 8, 9], torch.arange(3))
-    reqs = [types.SimpleNamespace(name=n, fill_ids=ids) for n, ids in (
+    reqs = [types.SimpleNamespace(name=n, fill_ids=ids, origin_input_ids=ids, output_ids=[], lpm_hint=None)
+            for n, ids in (
         ("fresh", [1, 2, 3]), ("short-hit", [7, 8, 9, 4]), ("long-hit", shared + [5]),
         ("partial", shared[: LPM_MIN_PREFIX] + [6]), ("fresh2", [2, 2]))]
     order = [r.name for r in order_waiting("lpm", reqs, tree)]  # type: ignore[arg-type]
     # a hit of LPM_MIN_PREFIX tokens or more goes first, longest first; a 3-token hit keeps its arrival place
     assert order == ["long-hit", "partial", "fresh", "short-hit", "fresh2"]
+    # a second round walks on from each request's hint: the same order, and after an insert that lengthens
+    # "fresh"'s hit past the others, that insert counts
+    assert [r.name for r in order_waiting("lpm", reqs, tree)] == order  # type: ignore[arg-type]
+    tree.insert([1, 2, 3] + list(range(50)), torch.arange(53))
+    reqs[0].fill_ids = reqs[0].origin_input_ids = [1, 2, 3] + list(range(50))
+    assert [r.name for r in order_waiting("lpm", reqs, tree)][0] == "fresh"  # type: ignore[arg-type]
     assert [r.name for r in order_waiting("fcfs", reqs, tree)] == [r.name for r in reqs]  # type: ignore[arg-type]
