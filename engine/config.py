@@ -61,7 +61,8 @@ class EngineConfig:
     # overlap: the CPU computes the step itself); False forces it on (tests), True off (ablation)
     disable_overlap_schedule: bool | None = None
     # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
-    # program pays a first-use compile; None -> on CUDA only (CPU kernels need no compiling)
+    # program pays a first-use compile, then build the grammar compiler in the background; None -> on CUDA only
+    # (CPU kernels need no compiling)
     warmup: bool | None = None
     # the interpreter's thread switch interval (sys.setswitchinterval) while the engine runs; None -> 0.5 ms on
     # CUDA (Python's 5 ms default made the scheduler thread wait for the GIL behind a program's threads every

@@ -190,3 +190,24 @@ def test_the_budgets_last_token_closes_the_value(engine, regex, budget):
     for o in outs:
         assert o["meta_info"]["completion_tokens"] <= budget
         assert re.fullmatch(regex, o["text"]), (regex, o["text"])
+
+
+def test_warm_up_builds_the_grammar_compiler_ahead_of_the_first_constrained_request():
+    """An engine that warms up (CUDA's default; forced here) builds xgrammar's tables in the background, so the
+    first regex request does not wait for them; one that does not builds them on first use. Both constrain."""
+    import time
+
+    from sgnb.engine import Engine
+
+    with Engine("dummy:tiny", warmup=True) as eng:
+        deadline = time.monotonic() + 60
+        while eng._grammar_backend is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert eng._grammar_backend is not None, "the warm-up did not build the grammar compiler"
+        out = eng.generate(PROMPT, {"max_new_tokens": 8, "temperature": 1.0, "regex": r"(yes|no)"})
+        assert re.fullmatch(r"(yes|no)", out["text"])
+    with Engine("dummy:tiny", warmup=False) as eng:
+        time.sleep(0.5)
+        assert eng._grammar_backend is None  # unconstrained work never loads it
+        out = eng.generate(PROMPT, {"max_new_tokens": 8, "temperature": 1.0, "regex": r"(yes|no)"})
+        assert re.fullmatch(r"(yes|no)", out["text"]) and eng._grammar_backend is not None
