@@ -39,8 +39,10 @@ def device_name() -> str:
 def optimal_hit_rate(prompts: list[list[int]]) -> float:
     """Best possible share of prompt tokens served from a cache of unbounded size: every distinct prefix is
     computed once (the number of nodes of a token trie over all prompts), every other prompt token is a hit.
-    An engine must still compute one token per prompt to get its logits, so a prompt that is a prefix of
-    another cannot be fully hit; we count that token as a miss too."""
+    An upper bound: a prompt that repeats an earlier one (or a prefix of it) counts as fully hit, which an
+    engine reaches only when it computes a token after the prompt anyway (a grammar's forced opening: on
+    json_jump_forward the engine served such prompts whole, hit rate 0.950 against this 0.950); otherwise it
+    computes the prompt's last token for its logits, one miss per such prompt (0.908 there)."""
     root: dict = {}
     distinct = 0
     for ids in prompts:
@@ -52,8 +54,7 @@ def optimal_hit_rate(prompts: list[list[int]]) -> float:
                 distinct += 1
             node = nxt
     total = sum(len(p) for p in prompts)
-    forced = 0  # prompts whose every token is a node someone else created: one recompute each
-    return max(total - distinct - forced, 0) / total
+    return max(total - distinct, 0) / total
 
 
 def model_params(cfg) -> int:
