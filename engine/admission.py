@@ -12,10 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import torch
-
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.forward_batch import to_device
 from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
@@ -113,9 +110,7 @@ class PrefillAdder:
         slots = self.kv.kv_pool.alloc(len(riders))
         if slots is None:
             return
-        dev = slots.device
-        self.kv.req_pool.write_points(to_device([r.req_pool_idx for r in riders], torch.int64, dev),
-                                      to_device([r.kv_len for r in riders], torch.int64, dev), slots)
+        self.kv.write_next(riders, slots)
         for i, req in enumerate(riders):
             req.new_slots = slots[i: i + 1]
             self.items.append(PrefillItem(req, 1, rider=True))

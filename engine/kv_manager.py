@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from sgnb.engine.forward_batch import to_device
 from sgnb.engine.kv_pool import KVPool, ReqToTokenPool
 from sgnb.engine.radix_cache import MatchResult, RadixCache, TreeNode
 from sgnb.engine.request import Req
@@ -60,6 +61,13 @@ class KVManager:
         self.req_pool.write(req.req_pool_idx, req.kv_len, slots)
         req.new_slots = slots
         return True
+
+    def write_next(self, reqs: list[Req], slots: torch.Tensor) -> None:
+        """slots[i] becomes position kv_len of reqs[i]'s row (one new token each: a decode step, or riders),
+        in one write and without a device sync (rows and positions go up through pinned memory)."""
+        dev = slots.device
+        self.req_pool.write_points(to_device([r.req_pool_idx for r in reqs], torch.int64, dev),
+                                   to_device([r.kv_len for r in reqs], torch.int64, dev), slots)
 
     def cache_unfinished(self, req: Req) -> None:
         """Hand the computed prefix of a live request to the tree so others can share it; keep it locked."""

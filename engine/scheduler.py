@@ -672,9 +672,8 @@ class Scheduler:
         them. No device sync (the rows and positions go up through pinned memory)."""
         slots = self.kv.alloc(len(reqs))
         assert slots is not None, "decode room was ensured"
+        self.kv.write_next(reqs, slots)
         rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
-        dev = slots.device
-        self.req_pool.write_points(to_device(rows, torch.int64, dev), to_device(kv_lens, torch.int64, dev), slots)
         return BatchSpec(input_ids=input_ids, out_cache_loc=slots, req_pool_indices=rows,  # type: ignore[arg-type]
                          prefix_lens=kv_lens, extend_lens=[1] * len(reqs), groups=groups,  # type: ignore[arg-type]
                          input_ids_device=input_ids_device)
