@@ -67,23 +67,17 @@ def run(args_tuple, cfg) -> torch.Tensor:
 
 
 def time_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
+    """Median milliseconds of fn: CUDA events (bench_attention's timer), or the wall clock on a --dry-run."""
     if DEV == "cuda":
-        torch.cuda.synchronize()
+        from bench_attention import _time_ms
+
+        return _time_ms(fn, iters=reps)
+    fn()
     times = []
     for _ in range(reps):
-        if DEV == "cpu":
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-            continue
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+        t0 = time.perf_counter()
         fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
