@@ -16,6 +16,7 @@ from sgnb.engine.config import EngineConfig
 from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
+from sgnb.engine.schedule_policy import cached_prefix_len
 
 RESERVE_CLIP = 4096  # never reserve decode room for more than this many tokens of one request
 
@@ -68,10 +69,10 @@ class PrefillAdder:
 
     def add_new(self, req: Req) -> Added:
         """A waiting request: match its cached prefix, lock it, allocate the rest (or its first chunk)."""
-        fill = req.fill_ids if req.output_ids else req.origin_input_ids  # (no copy of a long prompt)
+        fill = req.fill_view()
         # how much is cached, without touching the tree (walking on from this request's earlier walks): most
         # requests tried in a busy round are skipped or do not fit, and match_prefix would split nodes for them
-        cached, req.lpm_hint = self.tree.prefix_walk(fill, req.lpm_hint)
+        cached = cached_prefix_len(self.tree, req)
         prefix = min(cached, len(fill) - 1)  # compute at least one token: its logits
         if not req.input_logprobs_done:
             prefix = min(prefix, max(req.logprob_start_len - 1, 0))

@@ -81,6 +81,11 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def fill_view(self) -> list[int]:
+        """fill_ids for reading only: the prompt list itself (no copy of a long prompt) while nothing was
+        generated."""
+        return self.fill_ids if self.output_ids else self.origin_input_ids
+
     @property
     def fill_len(self) -> int:
         """len(fill_ids), without building it (a long prompt's copy costs ~10 us, several times a round)."""

@@ -24,7 +24,7 @@ def order_waiting(policy: str, waiting: list[Req], tree: RadixCache) -> list[Req
     if policy == "lpm":
         if len(waiting) > LPM_MAX_QUEUE:
             return list(waiting)
-        keyed = [(n if (n := _cached_prefix_len(tree, r)) >= LPM_MIN_PREFIX else 0, i, r)
+        keyed = [(n if (n := cached_prefix_len(tree, r)) >= LPM_MIN_PREFIX else 0, i, r)
                  for i, r in enumerate(waiting)]
         keyed.sort(key=lambda x: (-x[0], x[1]))  # stable: ties keep arrival order
         return [r for _, _, r in keyed]
@@ -33,12 +33,11 @@ def order_waiting(policy: str, waiting: list[Req], tree: RadixCache) -> list[Req
     raise ValueError(f"unknown schedule policy {policy!r}")
 
 
-def _cached_prefix_len(tree: RadixCache, req: Req) -> int:
-    """tree.prefix_len of a waiting request's tokens, walking on from where its previous round's walk ended
+def cached_prefix_len(tree: RadixCache, req: Req) -> int:
+    """tree.prefix_len of a waiting request's tokens, walking on from where its previous walk ended
     (req.lpm_hint; the tokens of a waiting request do not change): each round then compares only what the
-    tree gained, not a long prompt from its start."""
-    key = req.fill_ids if req.output_ids else req.origin_input_ids  # (no copy of a long prompt)
-    n, req.lpm_hint = tree.prefix_walk(key, req.lpm_hint)
+    tree gained, not a long prompt from its start. lpm's ranking and admission both walk through here."""
+    n, req.lpm_hint = tree.prefix_walk(req.fill_view(), req.lpm_hint)
     return n
 
 

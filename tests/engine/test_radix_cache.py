@@ -658,8 +658,12 @@ def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_
     shared = list(range(1000, 1000 + LPM_MIN_PREFIX + 8))
     tree.insert(shared, torch.arange(len(shared)))
     tree.insert([7, 8, 9], torch.arange(3))
-    reqs = [types.SimpleNamespace(name=n, fill_ids=ids, origin_input_ids=ids, output_ids=[], lpm_hint=None)
-            for n, ids in (
+
+    def fake(name: str, ids: list[int]) -> types.SimpleNamespace:  # what lpm reads of a waiting request
+        return types.SimpleNamespace(name=name, fill_ids=ids, origin_input_ids=ids, output_ids=[], lpm_hint=None,
+                                     fill_view=lambda: ids)
+
+    reqs = [fake(n, ids) for n, ids in (
         ("fresh", [1, 2, 3]), ("short-hit", [7, 8, 9, 4]), ("long-hit", shared + [5]),
         ("partial", shared[: LPM_MIN_PREFIX] + [6]), ("fresh2", [2, 2]))]
     order = [r.name for r in order_waiting("lpm", reqs, tree)]  # type: ignore[arg-type]
@@ -669,6 +673,8 @@ def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_
     # "fresh"'s hit past the others, that insert counts
     assert [r.name for r in order_waiting("lpm", reqs, tree)] == order  # type: ignore[arg-type]
     tree.insert([1, 2, 3] + list(range(50)), torch.arange(53))
-    reqs[0].fill_ids = reqs[0].origin_input_ids = [1, 2, 3] + list(range(50))
+    longer = [1, 2, 3] + list(range(50))
+    reqs[0].fill_ids = reqs[0].origin_input_ids = longer
+    reqs[0].fill_view = lambda: longer
     assert [r.name for r in order_waiting("lpm", reqs, tree)][0] == "fresh"  # type: ignore[arg-type]
     assert [r.name for r in order_waiting("fcfs", reqs, tree)] == [r.name for r in reqs]  # type: ignore[arg-type]
