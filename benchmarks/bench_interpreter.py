@@ -69,7 +69,7 @@ def main() -> None:
     # the engine defers a request whose uncached prefix is being prefilled in the same batch, which already
     # shares a prefix among simultaneous requests; the third variant turns that off too, to show what the
     # hint alone is worth (e.g. against a server without such a scheduler)
-    no_dedupe = sgl.Runtime("smollm2", in_batch_prefix_threshold=10**9)
+    no_dedupe = sgl.Runtime("smollm2", in_batch_prefix_threshold=10**9, disable_in_batch_sharing=True)
     variants = [("sgnb", rt, True), ("sgnb-no-hints", rt, False), ("sgnb-hints-no-batch-dedupe", no_dedupe, True),
                 ("sgnb-no-hints-no-batch-dedupe", no_dedupe, False)]
     for name, backend, hints in variants:

@@ -44,6 +44,7 @@ SYSTEMS: dict[str, dict] = {
     # "extra": named with --systems only, not part of "all"
     "sgnb-no-mixed": {"kind": "sgnb", "engine": {"disable_mixed_batches": True}, "extra": True},
     "sgnb-no-cascade": {"kind": "sgnb", "engine": {"disable_cascade": True}, "extra": True},
+    "sgnb-no-batch-sharing": {"kind": "sgnb", "engine": {"disable_in_batch_sharing": True}, "extra": True},
     "sgnb-no-extend-graph": {"kind": "sgnb", "engine": {"cuda_graph_max_extend_tokens": 0}, "only_cuda": True,
                              "extra": True},
     "sgnb-gil-5ms": {"kind": "sgnb", "engine": {"gil_switch_interval": 0.005}, "only_cuda": True, "extra": True},

@@ -3,18 +3,28 @@
 A request joins when its new tokens fit the round's token budget (`max_prefill_tokens`; a prompt longer than
 `chunked_prefill_size`, or than what is left, is cut into chunks, one chunked request at a time) and when the KV
 it needs fits what can be had (free + evictable slots) minus the decode growth reserved for running requests
-(`reserve`: a share of each one's remaining max_new_tokens). A waiting request whose uncached prefix another
-request in this batch is computing right now waits one round, to hit the cache instead of computing it twice.
+(`reserve`: a share of each one's remaining max_new_tokens).
+
+Nothing is computed twice in one round. A waiting request whose uncached tokens start like those of a new prompt
+already in this batch (one that this round computes to its end, from the same position) borrows them: its table
+row points at that request's new slots, which the forward fills before any attention reads them, and it computes
+only the rest (at least its last token, for its logits). After the forward the lender's prompt is in the tree and
+the borrower locks it there (`KVManager.adopt`). So 200 copies of a short prompt arriving together cost one
+prompt's compute, in the same round. A request whose uncached prefix a *chunked* prompt is computing waits one
+round instead (`in_batch_prefix_threshold` tokens or longer), to hit the cache.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
 
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.kv_manager import KVManager
-from sgnb.engine.radix_cache import RadixCache
+from sgnb.engine.radix_cache import RadixCache, common_prefix_len
 from sgnb.engine.request import Req
 from sgnb.engine.schedule_policy import cached_prefix_len
 
@@ -32,6 +42,14 @@ class PrefillItem:
     extend: int  # tokens this round computes, from req.kv_len
     rider: bool = False  # a running request's decode step riding along (its one new token)
     forced: bool = False  # a jump-forward continuation: the grammar's forced tokens after generated ones
+    # 0, or 1 + the largest depth of the requests it borrows tokens from: after the forward, items are
+    # finished in increasing depth (a lender has cached its tokens before its borrowers adopt them)
+    depth: int = 0
+
+
+class _Piece(NamedTuple):
+    slots: torch.Tensor  # a lender's new slots for the borrowed positions
+    depth: int  # the lender's depth
 
 
 class Added(enum.Enum):
@@ -52,6 +70,9 @@ class PrefillAdder:
         self.items: list[PrefillItem] = []
         self.chunked: Req | None = None  # the request this batch leaves unfinished, if any
         self._deferred: set[tuple] = set()
+        # requests this round computes to their end, by (first computed position, its token): lenders
+        self._lenders: dict[tuple[int, int], list[Req]] = {}
+        self._depth: dict[int, int] = {}  # id(lender) -> its item's `depth`
 
     @property
     def full(self) -> bool:
@@ -73,12 +94,15 @@ class PrefillAdder:
         # how much is cached, without touching the tree (walking on from this request's earlier walks): most
         # requests tried in a busy round are skipped or do not fit, and match_prefix would split nodes for them
         cached = cached_prefix_len(self.tree, req)
-        prefix = min(cached, len(fill) - 1)  # compute at least one token: its logits
+        reuse_end = len(fill) - 1  # compute at least one token: its logits
         if not req.input_logprobs_done:
-            prefix = min(prefix, max(req.logprob_start_len - 1, 0))
-        total = len(fill) - prefix
+            reuse_end = min(reuse_end, max(req.logprob_start_len - 1, 0))
+        prefix = min(cached, reuse_end)
+        pieces = self._borrowable(req, fill, prefix, reuse_end)
+        borrow = sum(len(p.slots) for p in pieces)
+        total = len(fill) - prefix - borrow
         threshold = self.config.in_batch_prefix_threshold
-        if not self.tree.disable and total > threshold:
+        if not borrow and not self.tree.disable and total > threshold:
             key = (prefix, tuple(fill[prefix: prefix + threshold]))
             if key in self._deferred:
                 return Added.SKIP
@@ -93,13 +117,46 @@ class PrefillAdder:
         assert len(match.indices) == cached, (len(match.indices), cached)
         if not self.kv.admit(req, match, prefix):
             return Added.STOP
+        for piece in pieces:
+            self.kv.borrow(req, piece.slots)
         if not self.kv.alloc_extend(req, ext):
             self.kv.release(req, cache=False)
             return Added.STOP
         if prefix:
             self.tree.record_hit(match.last_node, req.rid)
-        self._take(req, ext, finishes=ext == total)
+        depth = 1 + max((p.depth for p in pieces), default=-1)
+        self._take(req, ext, finishes=ext == total, depth=depth)
+        if ext == total and not req.mm and not self.tree.disable:
+            start = req.kv_len
+            self._lenders.setdefault((start, fill[start]), []).append(req)
+            self._depth[id(req)] = depth
         return Added.YES
+
+    def _borrowable(self, req: Req, fill: list[int], start: int, end: int) -> list[_Piece]:
+        """What of fill[start:end] requests of this batch compute this round, from `start` on without a gap:
+        at each position the lender that agrees longest from there, then on from where it stops agreeing
+        (prompts that share a first token and then differ still lend what follows to their own copies)."""
+        pieces: list[_Piece] = []
+        if req.mm or not self._lenders or self.config.disable_in_batch_sharing:
+            return pieces
+        pos = start
+        while pos < end:
+            best, run = None, 0
+            head = None
+            for other in self._lenders.get((pos, fill[pos]), ()):
+                theirs = other.fill_view()
+                if head is None:
+                    head = fill[:pos]
+                if theirs[:pos] != head:  # K/V depend on every earlier token: the same ones, or nothing to share
+                    continue
+                n = min(common_prefix_len(theirs[pos: other.fill_len], fill, pos), end - pos)
+                if n > run:
+                    best, run = other, n
+            if best is None:
+                break
+            pieces.append(_Piece(best.new_slots[:run], self._depth[id(best)]))  # type: ignore[index]
+            pos += run
+        return pieces
 
     def add_riders(self, running: list[Req]) -> None:
         """Running requests decode their next token in this batch too (a mixed batch), as long as a slot each
@@ -116,8 +173,8 @@ class PrefillAdder:
             req.new_slots = slots[i: i + 1]
             self.items.append(PrefillItem(req, 1, rider=True))
 
-    def _take(self, req: Req, ext: int, finishes: bool, forced: bool = False) -> None:
-        self.items.append(PrefillItem(req, ext, forced=forced))
+    def _take(self, req: Req, ext: int, finishes: bool, forced: bool = False, depth: int = 0) -> None:
+        self.items.append(PrefillItem(req, ext, forced=forced, depth=depth))
         self.budget -= ext
         if finishes:
             self.reserved += reserve(req, self.ratio)

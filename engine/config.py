@@ -71,7 +71,11 @@ class EngineConfig:
     # reserve this fraction of each running request's remaining max_new_tokens when admitting new work
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
-    # defer a waiting request whose uncached prefix this many tokens long is being prefilled in the same batch
+    # in-batch sharing: a waiting request whose uncached tokens a new prompt of this batch computes to its end
+    # borrows them (computed once, in this round: engine/admission.py); True computes each copy (ablation)
+    disable_in_batch_sharing: bool = False
+    # defer a waiting request whose uncached prefix this many tokens long is being prefilled (as a chunk, or with
+    # sharing disabled) in the same batch
     in_batch_prefix_threshold: int = 32
     random_seed: int = 0
     num_threads: int | None = None  # torch intra-op threads on CPU; None -> all cores (split among tp workers)

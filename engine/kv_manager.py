@@ -3,7 +3,9 @@
 Every slot 1..size is exactly one of: free (in the KVPool's free list), owned by the radix tree (a node's value),
 or owned by a live request (its computed tokens past `cached_len` that are not in the tree yet). So
 `free + tree + owned by requests == pool size` always holds; `check` asserts it. A request's first `cached_len`
-slots are the tree's, protected by the lock on `req.last_node`; the next `kv_len - cached_len` are its own.
+slots are the tree's, protected by the lock on `req.last_node`; the next `borrowed` (0 but in the round it
+was admitted in) belong to another request of that round's batch (see `borrow`); the rest, up to `kv_len`, are
+its own.
 
 Only the scheduler thread calls these (none is thread-safe).
 """
@@ -51,6 +53,32 @@ class KVManager:
         req.kv_len = req.cached_len = prefix
         return True
 
+    def borrow(self, req: Req, slots: torch.Tensor) -> None:
+        """The request's next positions (from kv_len) read `slots`: new slots of another request in the same
+        prefill batch, for the same tokens at the same positions. The forward stores every new token's K/V
+        before any attention reads the pool, so they hold the right values when this request reads them. The
+        lender owns them; after the forward it has put them in the tree and `adopt` locks them there."""
+        assert req.req_pool_idx is not None and req.kv_len == req.cached_len + req.borrowed
+        self.req_pool.write(req.req_pool_idx, req.kv_len, slots)
+        req.kv_len += len(slots)
+        req.borrowed += len(slots)
+
+    def adopt(self, req: Req) -> None:
+        """After the forward: the borrowed tokens are in the tree (their lender cached its prompt); point the
+        row at the tree's slots for them (the lender's, unless the tree had a copy first) and move the lock
+        there. Raises, with nothing changed, when they are not in the tree (the lender failed): the caller
+        fails the request, whose release then frees only its own slots."""
+        n = req.cached_len + req.borrowed
+        match = self.tree.match_prefix(req.fill_view()[:n])
+        if len(match.indices) < n:
+            raise RuntimeError("the request of this batch whose prompt this one shared failed before caching it")
+        self.req_pool.write(req.req_pool_idx, req.cached_len, match.indices[req.cached_len: n])
+        self.tree.inc_lock_ref(match.last_node)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node = match.last_node
+        req.cached_len, req.borrowed = n, 0
+
     def alloc_extend(self, req: Req, n: int) -> bool:
         """Slots for the request's next n tokens (positions kv_len ..), written into its row and kept in
         req.new_slots until the forward; the request owns them. False (nothing changed) when short."""
@@ -95,7 +123,7 @@ class KVManager:
         if row is None:
             return
         slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
-        own_from = req.cached_len
+        own_from = req.cached_len + req.borrowed
         if cache and not self.tree.disable and req.kv_len > 0:
             own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.rid)
             self.kv_pool.free(slots[own_from: max(own_until, own_from)])
@@ -104,12 +132,12 @@ class KVManager:
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)
         self.req_pool.free(row)
-        req.req_pool_idx, req.last_node, req.kv_len, req.cached_len = None, None, 0, 0
+        req.req_pool_idx, req.last_node, req.kv_len, req.cached_len, req.borrowed = None, None, 0, 0, 0
         req.rollback_floor = 0
 
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the request's K/V past position kv_len (its own slots only: kv_len >= cached_len)."""
-        assert req.cached_len <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
+        assert req.cached_len + req.borrowed <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
         self.kv_pool.free(self.req_pool.req_to_token[req.req_pool_idx, kv_len: req.kv_len].clone())
         req.kv_len = kv_len
 
@@ -167,7 +195,7 @@ class KVManager:
         return None
 
     def owned(self, reqs: list[Req]) -> int:
-        return sum(r.kv_len - r.cached_len for r in reqs if r.req_pool_idx is not None)
+        return sum(r.kv_len - r.cached_len - r.borrowed for r in reqs if r.req_pool_idx is not None)
 
     def check(self, reqs: list[Req]) -> None:
         """Assert free + tree + owned by `reqs` (every live request) == pool size."""

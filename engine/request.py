@@ -27,7 +27,8 @@ class Req:
 
     KV bookkeeping: the first `kv_len` tokens of `fill_ids` have K/V in the pool at
     req_to_token[req_pool_idx, :kv_len]; the first `cached_len` of those are owned by the radix tree and
-    protected by the lock on `last_node`; the rest are owned by this request.
+    protected by the lock on `last_node`; the next `borrowed` by another request of the batch it was admitted in
+    (until the forward is done: KVManager.borrow / adopt); the rest are owned by this request.
     """
 
     def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *, return_logprob: bool = False,
@@ -48,6 +49,7 @@ class Req:
         self.new_slots: torch.Tensor | None = None  # slots allocated for the next forward's new tokens
         self.kv_len = 0
         self.cached_len = 0
+        self.borrowed = 0
         self.last_node: TreeNode | None = None
         self.cached_tokens = -1  # prompt tokens served by the cache at first admission (-1: not yet)
         self.num_retractions = 0

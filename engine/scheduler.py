@@ -10,6 +10,7 @@ this thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import re
@@ -298,8 +299,9 @@ class Scheduler:
                 break
             if added is Added.YES:
                 admitted.append(req)
-                if req.cached_tokens < 0:  # prompt tokens served from the cache (not a forced opening after it)
-                    req.cached_tokens = min(req.cached_len, len(req.origin_input_ids))
+                if req.cached_tokens < 0:  # prompt tokens served from the cache or by a request of this batch
+                    # (not a forced opening after the prompt)
+                    req.cached_tokens = min(req.cached_len + req.borrowed, len(req.origin_input_ids))
                     self.counters.cached_tokens += req.cached_tokens
         if admitted:
             ids = {id(r) for r in admitted}
@@ -398,8 +400,9 @@ class Scheduler:
             batched = None  # each request works out its own below: a failure then fails that request alone
         to_sample: list[Req] = []
         rows: list[int] = []
-        offset = 0
-        for item in batch:
+        offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
+        # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
+        for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
             r = item.req
             start = r.kv_len
             try:
@@ -411,6 +414,8 @@ class Scheduler:
                     r.input_top_logprobs.extend(tops)
                 r.kv_len = start + item.extend
                 r.new_slots = None
+                if r.borrowed:
+                    self.kv.adopt(r)
                 if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
                     # end (sharing it mid-request saves no one anything and cost a tree walk per request and
                     # round); jump-forward still rolls back no further than this extend
@@ -425,8 +430,10 @@ class Scheduler:
                         to_sample.append(r)
                         rows.append(offset + item.extend - 1)
             except Exception as e:
+                if r.new_slots is not None:  # its new slots are in its row: count them in before release
+                    r.kv_len = start + item.extend
+                    r.new_slots = None
                 self._fail(r, e)
-            offset += item.extend
         self._phase("cache", t0)
         if to_sample:
             self._sample_and_advance(to_sample, hidden, rows)
