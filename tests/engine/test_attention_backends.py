@@ -415,6 +415,32 @@ def test_extend_graphs_prefill_cached_prefixes_and_mixed_batches(engines, extend
         assert stats["cuda_graph"]["extend"]["replays"] == graphs.replays
 
 
+@pytest.mark.parametrize("backend", [*FAST, "triton-extend-graphs"])
+def test_copies_in_one_batch_read_what_the_same_forward_stored(engines, extend_graph_engine, backend):
+    """In-batch sharing: copies of a prompt, and a prompt sharing its first tokens, in one prefill batch compute
+    those tokens once; the copies' attention reads K/V that the same forward stored a moment before (through an
+    extend graph's block tables too). Every generated logprob equals the fp32 torch reference's."""
+    ref = engines["torch"]
+    eng = extend_graph_engine if backend == "triton-extend-graphs" else engines[backend]
+    eng.flush_cache()
+    a = eng.tokenizer.encode(PREFIX)[:30]
+    b = a[:12] + eng.tokenizer.encode(" and then something else entirely")
+    prompts = [a, b, a, b, a]
+    before = eng.get_stats()["prefill_tokens"]
+    replays = eng.runner.extend_graphs.replays if eng.runner.extend_graphs is not None else 0
+    outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 5, "temperature": 0,
+                                                            "ignore_eos": True}, return_logprob=True)
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 12, len(a) - 1, len(b) - 1, len(a) - 1]
+    if backend == "triton-extend-graphs":
+        assert eng.runner.extend_graphs.replays > replays
+    assert eng.get_stats()["prefill_tokens"] - before == len(a) + len(b) - 12 + 3
+    for ids, out in zip(prompts, outs):
+        ref.flush_cache()
+        _teacher_forced(ref, ids, out)
+    pool = eng.runner.kv_pool
+    assert pool.available + eng.tree.total_size == pool.size
+
+
 def test_no_graphs_off_cuda_or_when_disabled(engines, model_dir):
     assert engines["torch"].get_stats()["cuda_graph"] is None  # the torch backend has no graph hooks
     if CUDA:
