@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.events import Event, EventBus
+from sgnb.engine.events import Event, EventBus, wait_slice
 from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
@@ -389,7 +389,7 @@ class Engine:
         self.scheduler.submit(*reqs)
         try:
             for ev in done:
-                while not ev.wait(0.1):
+                while not ev.wait(wait_slice()):
                     self._check_open(workers=False)
         except BaseException:
             for req in reqs:

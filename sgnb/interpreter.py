@@ -39,6 +39,7 @@ from typing import Any
 from sgnb import ir
 from sgnb.backends.base import Backend, GenContext
 from sgnb.chat_template import ChatTemplate
+from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.tools import (
@@ -192,10 +193,11 @@ class StreamExecutor:
         else:
             self._run_node(node)
 
-    def drained(self, timeout: float = 0.1) -> bool:
+    def drained(self, timeout: float | None = None) -> bool:
         q = self.queue
         with q.all_tasks_done:
-            return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
+            return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0,
+                                             wait_slice() if timeout is None else timeout)
 
     def sync(self) -> None:
         """Wait until every submitted node ran (interruptible; an interrupt aborts the running request)."""
@@ -554,7 +556,7 @@ class StreamExecutor:
                 # nothing appended so far sets it: waiting would wait forever (SGLang raises at once too)
                 raise KeyError(f"no variable {name!r} in this program: nothing appended to it sets that name "
                                f"(it has: {sorted(self.variables)})")
-            self.wait(lambda: ev.wait(0.1), name)
+            self.wait(lambda: ev.wait(wait_slice()), name)
         if name in self.variables:
             return self.variables[name]
         self.raise_error()
