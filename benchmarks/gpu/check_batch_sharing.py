@@ -44,10 +44,22 @@ def run(model: str, backend: str, sharing: bool, texts: list[str], extra: dict) 
         outs = eng.generate(texts, sp, return_logprob=True, top_logprobs_num=2)
         wall = time.perf_counter() - t0
         s1 = eng.get_stats()
+    del eng
+    _free_device_memory()  # the next engine sizes its KV pool from what is free
     d = {k: s1[k] - s0[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_batches",
                                      "requests_failed")}
     return {"backend": backend, "sharing": sharing, "wall_s": round(wall, 4), **d,
             "hit_rate": round(d["cached_tokens"] / d["prompt_tokens"], 4), "outs": outs}
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def compare(a: list[dict], b: list[dict], tol: float, tie: float) -> dict:
