@@ -70,9 +70,9 @@ class PrefillAdder:
         self.items: list[PrefillItem] = []
         self.chunked: Req | None = None  # the request this batch leaves unfinished, if any
         self._deferred: set[tuple] = set()
-        # requests this round computes to their end, by (first computed position, its token): lenders
-        self._lenders: dict[tuple[int, int], list[Req]] = {}
-        self._depth: dict[int, int] = {}  # id(lender) -> its item's `depth`
+        # requests this round computes to their end, with their items' depth, by (first computed position, its
+        # token): lenders
+        self._lenders: dict[tuple[int, int], list[tuple[Req, int]]] = {}
 
     @property
     def full(self) -> bool:
@@ -128,8 +128,7 @@ class PrefillAdder:
         self._take(req, ext, finishes=ext == total, depth=depth)
         if ext == total and not req.mm and not self.tree.disable:
             start = req.kv_len
-            self._lenders.setdefault((start, fill[start]), []).append(req)
-            self._depth[id(req)] = depth
+            self._lenders.setdefault((start, fill[start]), []).append((req, depth))
         return Added.YES
 
     def _borrowable(self, req: Req, fill: list[int], start: int, end: int) -> list[_Piece]:
@@ -143,7 +142,7 @@ class PrefillAdder:
         while pos < end:
             best, run = None, 0
             head = None
-            for other in self._lenders.get((pos, fill[pos]), ()):
+            for other, depth in self._lenders.get((pos, fill[pos]), ()):
                 theirs = other.fill_view()
                 if head is None:
                     head = fill[:pos]
@@ -151,10 +150,10 @@ class PrefillAdder:
                     continue
                 n = min(common_prefix_len(theirs[pos: other.fill_len], fill, pos), end - pos)
                 if n > run:
-                    best, run = other, n
+                    best, run = _Piece(other.new_slots[:n], depth), n  # type: ignore[index]
             if best is None:
                 break
-            pieces.append(_Piece(best.new_slots[:run], self._depth[id(best)]))  # type: ignore[index]
+            pieces.append(best)
             pos += run
         return pieces
 
