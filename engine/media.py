@@ -89,11 +89,13 @@ def _is_video_spec(x: Any) -> bool:
 
 
 def video_args(spec: Any, default_frames: int = 8) -> tuple[Any, int]:
-    """A video_data entry -> (path, num_frames): a path, (path, num_frames) or {"path": ..., "num_frames": ...}."""
+    """A video_data entry -> (the video, num_frames). The video is a file path, encoded bytes or a data: URL;
+    the entry is the video, (video, num_frames), or {"path" (or "data"): video, "num_frames": n}."""
     if isinstance(spec, dict):
-        if "path" not in spec:
-            raise ValueError(f"a video given as a dict needs 'path' (and optionally 'num_frames'), got {sorted(spec)}")
-        return spec["path"], int(spec.get("num_frames", default_frames))
+        if ("path" in spec) == ("data" in spec) or set(spec) - {"path", "data", "num_frames"}:
+            raise ValueError("a video given as a dict is {'path' (or 'data'): the video, 'num_frames': n}, got "
+                             f"the keys {sorted(spec)}")
+        return spec.get("path", spec.get("data")), int(spec.get("num_frames", default_frames))
     if _is_video_spec(spec):
         return spec[0], spec[1]
     return spec, default_frames

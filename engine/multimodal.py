@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from sgnb.engine.image_io import data_url_bytes, image_from_array, read_file
+from sgnb.engine.image_io import data_url_bytes, image_from_array, open_video, read_file, video_source
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -182,16 +182,17 @@ class MultimodalProcessor:
                       pixel_values=pixels.float().contiguous(), extra={"image_size": (height, width)},
                       thumbnail=thumbnail(img))
 
-    def video(self, path: str | Path, num_frames: int = 8) -> MMItem:
+    def video(self, data: Any, num_frames: int = 8) -> MMItem:
         """`num_frames` frames sampled uniformly (first to last; repeated when the video has fewer) from a
-        video file, decoded with PyAV. Raises ValueError when the model takes no videos, the file is missing or
-        is not a video, has no video stream, no frames, or a codec that cannot be decoded."""
+        video given as a file path, encoded bytes or a data: URL, decoded with PyAV. Raises ValueError when the
+        model takes no videos, the file is missing or is not a video of a known container, has no video stream,
+        no frames, or a codec that cannot be decoded."""
         if self._frame_proc is None:
             raise ValueError(f"a {self.spec.kind} model takes no videos (LLaVA-NeXT-Video does)")
         if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or num_frames < 1:
             raise ValueError(f"num_frames must be a positive int, got {num_frames!r}")
         num_frames = int(num_frames)
-        frames, indices, total = read_video(path, num_frames)
+        frames, indices, total = read_video(data, num_frames)
         from PIL import Image
 
         images = [Image.fromarray(f) for f in frames]
@@ -320,45 +321,34 @@ def uniform_indices(total: int, num_frames: int) -> list[int]:
     return np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
 
 
-def read_video(path: str | Path, num_frames: int) -> tuple[list[np.ndarray], list[int], int]:
-    """(frames as uint8 (H, W, 3) RGB arrays, their indices, the video's frame count).
+def read_video(data: Any, num_frames: int) -> tuple[list[np.ndarray], list[int], int]:
+    """(frames as uint8 (H, W, 3) RGB arrays, their indices, the video's frame count) of a video given as a file
+    path, bytes or a data: URL (`image_io.video_source`; opened with `image_io.open_video`: known containers
+    only, nothing they name is opened).
 
     Uses the container's frame count when it has one (one decoding pass that keeps only the sampled frames),
-    else counts the frames first. Raises ValueError for every way the file can fail to give frames."""
-    if not isinstance(path, (str, Path)):
-        raise ValueError(f"a video is given by its file path, got a {type(path).__name__}")
-    p = Path(path).expanduser()
-    if str(path).lower().startswith(("http://", "https://")):
-        raise ValueError(f"video URL {str(path)[:80]!r} not fetched: no network access; pass a file path")
-    if not p.is_file():
-        raise ValueError(f"video file {str(path)!r} does not exist" if not p.exists()
-                         else f"video path {str(path)!r} is not a file")
-    declared = _video_frames(p, None)[1]
-    total = declared if declared > 0 else _video_frames(p, [])[2]
+    else counts the frames first. Raises ValueError for every way the input can fail to give frames."""
+    source, where = video_source(data)
+    declared = _video_frames(source, where, None)[1]
+    total = declared if declared > 0 else _video_frames(source, where, [])[2]
     if total == 0:
-        raise ValueError(f"video file {str(path)!r} has no frames")
+        raise ValueError(f"{where} has no frames")
     indices = uniform_indices(total, num_frames)
-    frames, _, seen = _video_frames(p, indices)
+    frames, _, seen = _video_frames(source, where, indices)
     if len(frames) < len(indices):  # the container declared more frames than it holds: sample what is there
         if seen == 0:
-            raise ValueError(f"video file {str(path)!r} has no frames")
+            raise ValueError(f"{where} has no frames")
         total, indices = seen, uniform_indices(seen, num_frames)
-        frames, _, _ = _video_frames(p, indices)
+        frames, _, _ = _video_frames(source, where, indices)
     return frames, indices, total
 
 
-def _video_frames(path: Path, wanted: list[int] | None) -> tuple[list[np.ndarray], int, int]:
-    """Open `path` and return (the frames at `wanted`, in that order, the declared frame count (0: unknown),
-    how many frames were decoded). wanted=None only opens and checks the file; [] decodes every frame to count
-    them."""
+def _video_frames(source: Path | bytes, where: str, wanted: list[int] | None) -> tuple[list[np.ndarray], int, int]:
+    """Open the video and return (the frames at `wanted`, in that order, the declared frame count (0: unknown),
+    how many frames were decoded). wanted=None only opens and checks it; [] decodes every frame to count them."""
     import av
 
-    where = f"video file {str(path)!r}"
-    try:
-        container = av.open(str(path))
-    except (av.FFmpegError, OSError, ValueError) as e:
-        raise ValueError(f"{where} is not a readable video: {e}") from None
-    with container:
+    with open_video(source, where) as container:
         if not container.streams.video:
             raise ValueError(f"{where} has no video stream")
         stream = container.streams.video[0]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from sgnb.engine.stops import compile_regex as compile_stop_regex
 
 _INTS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
@@ -90,11 +91,13 @@ class SamplingParams:
             raise bad("stop", "stop strings must be non-empty strings")
         if any(not is_strict_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative ints")
+        if any(not isinstance(p, str) or p == "" for p in self.stop_regex):
+            raise bad("stop_regex", "stop regexes must be non-empty strings")
         for pattern in self.stop_regex:
             try:
-                re.compile(pattern)
-            except re.error as e:
-                raise bad("stop_regex", f"invalid regular expression {pattern!r}: {e}") from None
+                compile_stop_regex(pattern)
+            except ValueError as e:
+                raise bad("stop_regex", str(e)) from None
         if sum(x is not None for x in (self.regex, self.json_schema, self.ebnf)) > 1:
             raise ValueError("sampling_params: give at most one of regex, json_schema, ebnf")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampler import DeviceSample, SampleOutput, sample, sample_on_device
 from sgnb.engine.schedule_policy import order_waiting
+from sgnb.engine.stops import first_stop, has_stop, regex_window_start
 from sgnb.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # xgrammar loads only once a request is constrained (it imports transformers: ~1.5 s)
@@ -868,17 +868,17 @@ class Scheduler:
 
     def _check_stop_strings(self, req: Req) -> bool:
         """Finish the request if its text holds a stop string or stop regex match (trimmed off, in the exact
-        text). Stop strings are searched only in the text added since the last eligible check (plus an overlap
-        for strings that straddle it)."""
+        text). Only the text a stop could newly end in is searched (`engine/stops.py`: RE2 for regexes, in a
+        bounded window), so a step's cost does not grow with the output or depend on the pattern."""
         sp = req.sampling
         if len(req.output_ids) < sp.min_new_tokens:
             return False
         text = req.text
-        lo = max(req.stop_scan - max((len(x) for x in sp.stop), default=1) + 1, 0)
-        if any(text.find(x, lo) >= 0 for x in sp.stop) or any(re.search(p, text) for p in sp.stop_regex):
+        if has_stop(text, sp.stop, sp.stop_regex, req.stop_scan):
             self._set_text(req)  # the exact text (the incremental one may hold back a partial character)
-            exact = req.text if _first_stop(req.text, sp) else text
-            pos, matched = _first_stop(exact, sp)  # type: ignore[misc]
+            start = regex_window_start(req.stop_scan)
+            exact = req.text if first_stop(req.text, sp.stop, sp.stop_regex, start) else text
+            pos, matched = first_stop(exact, sp.stop, sp.stop_regex, start)  # type: ignore[misc]
             req.text = exact if sp.no_stop_trim else exact[:pos]
             self._finish(req, {"type": "stop", "matched": matched})
             return True
@@ -947,19 +947,6 @@ class Scheduler:
         for fut in self._pending_flush:
             fut.set_result(True)
         self._pending_flush = []
-
-
-def _first_stop(text: str, sp: Any) -> tuple[int, str] | None:
-    """(position, matched text) of the earliest stop string in `text`, else of the first matching stop regex
-    (in the order given), else None."""
-    hits = [(i, x) for i, x in ((text.find(x), x) for x in sp.stop) if i >= 0]
-    if hits:
-        return min(hits)
-    for pattern in sp.stop_regex:
-        m = re.search(pattern, text)
-        if m:
-            return m.start(), m.group(0)
-    return None
 
 
 class _Pending:

@@ -25,10 +25,9 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sgnb.engine.image_io import data_url_bytes, image_from_array, read_file
+from sgnb.engine.image_io import data_url_bytes, image_from_array, open_video, read_file, video_source
 
 THUMBNAIL_PX = 96
 VIDEO_THUMBNAIL_FRAMES = 4
@@ -186,18 +185,14 @@ def video_frames(media: Media, count: int = VIDEO_THUMBNAIL_FRAMES, px: int = TH
         return []
     import av
 
-    path = Path(media.data).expanduser()
-    where = f"video file {str(media.data)!r}"
-    if not path.is_file():
-        raise ValueError(f"{where} does not exist" if not path.exists() else f"video path {str(media.data)!r} "
-                         "is not a file")
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise ValueError(f"{where} has no video stream")
+    source, where = video_source(media.data)
+    with open_video(source, where) as container:
+        if not container.streams.video:
+            raise ValueError(f"{where} has no video stream")
+        try:
             frames = _spread_frames(container, container.streams.video[0], count)
-    except (av.FFmpegError, OSError) as e:
-        raise ValueError(f"{where} is not a readable video: {e}") from None
+        except (av.FFmpegError, OSError) as e:
+            raise ValueError(f"{where} is not a readable video: {e}") from None
     if not frames:
         raise ValueError(f"{where} has no frames")
     return [_small(f.to_image(), px) for f in frames]

@@ -1,13 +1,10 @@
-"""Images and videos from HTTP clients: data URLs and base64 only (no files, no fetches)."""
+"""Images and videos from HTTP clients: data URLs and base64 only (no files, no fetches); the engine decodes
+them from memory (videos only in known containers, which open nothing they name: engine/image_io.py)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-import mimetypes
-import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 from sgnb.server.protocol import APIError
@@ -20,23 +17,10 @@ if TYPE_CHECKING:
 class _Media:
     """Turns a request's images and videos into what the engine takes, refusing what the server must not do for
     a client: read a local file or fetch a URL. An image becomes a data: URL (the engine decodes it) or the
-    bytes of a plain base64 string; a video (the engine reads videos from files) a temporary file with its bytes,
-    removed when the request's engine calls have been made (the engine reads the frames when it is called).
-    Use as a context manager around those calls."""
+    bytes of a plain base64 string; a video its bytes (the engine opens them in memory, never as a file)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.paths: dict[str, str] = {}  # temporary file -> the request field it came from
-
-    def __enter__(self) -> _Media:
-        return self
-
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        for path, where in self.paths.items():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            if isinstance(exc, APIError):  # the engine names the file it read: name the client's field instead
-                exc.message = exc.message.replace(f"video file {path!r}", f"the video of {where}").replace(path, where)
 
     def check_model(self, kind: str, param: str) -> str:
         """The engine's image (video) token; a 400 when the model takes none."""
@@ -100,17 +84,11 @@ class _Media:
                 raise APIError(400, f"{where}: a data: URL must be base64 ('data:video/mp4;base64,...'), got "
                                     f"{text[:40]!r}", param=where)
             raw = self._b64(payload, where, kind, "the data: URL's base64 payload is corrupt")
-            suffix = mimetypes.guess_extension(header[5:-7].strip()) or ""
         else:
             raw = self._b64(text, where, kind, None)
-            suffix = ""
         if kind == "image":
             return raw
-        fd, path = tempfile.mkstemp(prefix="sgnb-video-", suffix=suffix)
-        self.paths[path] = where
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        return path if frames is None else {"path": path, "num_frames": frames}
+        return {"data": raw, "num_frames": 8 if frames is None else frames}
 
     @staticmethod
     def _b64(text: str, where: str, kind: str, corrupt: str | None) -> bytes:

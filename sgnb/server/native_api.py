@@ -110,37 +110,37 @@ class NativeRoutes(_Routes):
             raise APIError(400, f"top_logprobs_num: at most {self.options.max_top_logprobs_num} on this server "
                                 "(--max-top-logprobs-num)", param="top_logprobs_num")
 
-        with _Media(self.engine) as media:
-            images = media.prompts(req.image_data, "image", "image_data", batched, count)
-            videos = media.prompts(req.video_data, "video", "video_data", batched, count)
+        media = _Media(self.engine)
+        images = media.prompts(req.image_data, "image", "image_data", batched, count)
+        videos = media.prompts(req.video_data, "video", "video_data", batched, count)
 
-            def media_kw(i: int | None) -> dict[str, Any]:  # prompt i's media; None: every prompt's (a batch)
-                kw: dict[str, Any] = {}
-                for key, per in (("image_data", images), ("video_data", videos)):
-                    if any(x is not None for x in per):
-                        kw[key] = per if i is None else per[i]
-                return kw
+        def media_kw(i: int | None) -> dict[str, Any]:  # prompt i's media; None: every prompt's (a batch)
+            kw: dict[str, Any] = {}
+            for key, per in (("image_data", images), ("video_data", videos)):
+                if any(x is not None for x in per):
+                    kw[key] = per if i is None else per[i]
+            return kw
 
-            if not req.stream:
-                def pick(values: list[Any]) -> Any:  # per prompt for a batch, the one value otherwise
-                    return values if batched else values[0]
+        if not req.stream:
+            def pick(values: list[Any]) -> Any:  # per prompt for a batch, the one value otherwise
+                return values if batched else values[0]
 
-                with self.inflight.track(ids):
-                    out = await self._generate(
-                        request, **{prompt_key: source}, sampling_params=pick(params), return_logprob=pick(lps),
-                        logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
-                        return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
-                        **media_kw(None if batched else 0))
-                return _json_response(_sglang_logprobs(out))
+            with self.inflight.track(ids):
+                out = await self._generate(
+                    request, **{prompt_key: source}, sampling_params=pick(params), return_logprob=pick(lps),
+                    logprob_start_len=pick(starts), top_logprobs_num=pick(tops),
+                    return_text_in_logprobs=req.return_text_in_logprobs, rid=pick(rids),
+                    **media_kw(None if batched else 0))
+            return _json_response(_sglang_logprobs(out))
 
-            calls = []
-            for i, prompt in enumerate(prompts):
-                for sp, rid in zip(split_samples(params[i], len(ids[rids[i]])), ids[rids[i]]):
-                    calls.append({prompt_key: prompt, "sampling_params": sp,
-                                  "return_logprob": lps[i], "logprob_start_len": starts[i],
-                                  "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
-                                  "rid": rid, **media_kw(i)})
-            streams = await self._start_streams(calls)  # the engine has read the media here
+        calls = []
+        for i, prompt in enumerate(prompts):
+            for sp, rid in zip(split_samples(params[i], len(ids[rids[i]])), ids[rids[i]]):
+                calls.append({prompt_key: prompt, "sampling_params": sp,
+                              "return_logprob": lps[i], "logprob_start_len": starts[i],
+                              "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
+                              "rid": rid, **media_kw(i)})
+        streams = await self._start_streams(calls)  # the engine has read the media here
         indexed = batched or len(calls) > 1
         return EventStream(self._native_events(streams, ids, indexed))  # type: ignore[return-value]
 

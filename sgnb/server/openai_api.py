@@ -149,8 +149,8 @@ class OpenAIRoutes(_Routes):
             raise APIError(400, "not supported yet: response_format, regex, ebnf or json_schema together with "
                                 'tools (unless tool_choice is "none")', param="tool_choice")
 
-        with _Media(self.engine) as media:
-            return await self._chat(request, req, sp_extra, media, plan)
+        media = _Media(self.engine)
+        return await self._chat(request, req, sp_extra, media, plan)
 
     async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
                     media: _Media, plan: ToolPlan | None) -> Response:

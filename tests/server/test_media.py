@@ -228,3 +228,52 @@ def test_bad_chat_media_is_400(client):
         ok = client.chat.completions.create(model="any", max_tokens=2, messages=[
             {"role": "user", "content": [_image_part(URL), {"type": "text", "text": "What is it?"}]}])
         assert ok.usage.completion_tokens == 2
+
+
+# ---- media that names other files (issue 36, item 2) -----------------------------------------------------------------
+def _references(target: str) -> dict[str, bytes]:
+    """Video data that makes FFmpeg's probing open another file: an HLS playlist and an ffconcat list."""
+    return {"hls": f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n{target}\n#EXT-X-ENDLIST\n".encode(),
+            "concat": f"ffconcat version 1.0\nfile '{target}'\n".encode()}
+
+
+def test_video_data_that_names_local_files_is_refused_alike(server, client, mm_engine, video, tmp_path):
+    import openai
+
+    path, _ = video
+    messages = set()
+    for target in (str(path), str(tmp_path / "missing.mp4")):  # an existing file and a missing one answer alike
+        for kind, raw in _references(target).items():
+            b64 = base64.b64encode(raw).decode()
+            for value in ("data:application/vnd.apple.mpegurl;base64," + b64, b64,
+                          {"url": "data:video/mp4;base64," + b64, "num_frames": 4}):
+                status, out = _request(server, "POST", "/generate", {"text": "<video>", "video_data": value,
+                                                                     "sampling_params": GREEDY})
+                assert status == 400, (kind, target, out)
+                assert "not a video this engine reads" in out["error"]["message"]
+                messages.add(out["error"]["message"])
+            with pytest.raises(openai.BadRequestError, match="not a video this engine reads"):
+                client.chat.completions.create(model="any", max_tokens=2, messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": "data:application/x-mpegURL;base64," + b64}},
+                    {"type": "text", "text": "What happens?"}]}])
+    assert len(messages) == 1, messages  # no existence oracle: the message never depends on the named file
+    # in-process, a playlist on disk is refused the same way (a program's own files go through the same opener)
+    playlist = tmp_path / "clip.m3u8"
+    playlist.write_bytes(_references(str(path))["hls"])
+    with pytest.raises(ValueError, match="not a video this engine reads"):
+        mm_engine.generate("<video>", GREEDY, video_data=str(playlist))
+    good = _generate(server, {"text": "<video>", "video_data": {
+        "data": base64.b64encode(path.read_bytes()).decode(), "num_frames": 4}})
+    assert good["meta_info"]["completion_tokens"] == GREEDY["max_new_tokens"]
+
+
+def test_video_containers_are_sniffed_not_probed():
+    from sgnb.engine.image_io import video_container
+
+    assert video_container(b"\x00\x00\x00\x1cftypisom" + bytes(20)) == "mov"
+    assert video_container(b"\x1a\x45\xdf\xa3" + bytes(20)) == "matroska"
+    assert video_container(b"RIFF\x00\x00\x00\x00AVI LIST") == "avi"
+    assert video_container(bytes([0x47] + [0] * 187) * 3) == "mpegts"
+    for raw in _references("/etc/passwd").values():
+        assert video_container(raw) is None
+    assert video_container(b"") is None
