@@ -13,6 +13,7 @@ inside the engine comes back with finish_reason {"type": "abort", "message": ...
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -24,7 +25,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -56,12 +57,40 @@ class EngineError(RuntimeError):
     """The engine can no longer serve (its scheduler thread died)."""
 
 
+class _Phases:
+    """`with phases(key, label):` times one phase of the engine's start into `durations[key]` and tells
+    `progress(label, None)` when it begins, `progress(label, seconds)` when it ends."""
+
+    def __init__(self, durations: dict[str, float], progress: Callable[[str, float | None], None] | None) -> None:
+        self.durations = durations
+        self.progress = progress
+
+    @contextlib.contextmanager
+    def __call__(self, key: str, label: str) -> Iterator[None]:
+        if self.progress is not None:
+            self.progress(label, None)
+        t0 = time.perf_counter()
+        yield
+        self.durations[key] = time.perf_counter() - t0
+        if self.progress is not None:
+            self.progress(label, self.durations[key])
+
+
 class Engine:
-    def __init__(self, model_path: str = "smollm2", **kwargs: Any) -> None:
+    def __init__(self, model_path: str = "smollm2", *, progress: Callable[[str, float | None], None] | None = None,
+                 **kwargs: Any) -> None:
+        """`progress(label, seconds)` hears of each phase of the start (finding the model, the tokenizer, the
+        weights and KV cache, warming the kernels): seconds None when it begins, its duration when it ends.
+        The durations stay in `load_phases` ({"model", "tokenizer", "weights", "warmup", and "decode_graphs" /
+        "extend_graphs" for the CUDA graphs' share of "weights": seconds})."""
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         t0 = time.perf_counter()
-        self.source = resolve_model(self.config.model_path, self.config.cache_dir)
-        self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
+        self.load_phases: dict[str, float] = {}
+        phase = _Phases(self.load_phases, progress)
+        with phase("model", "finding the model (a GGUF is converted once, then cached)"):
+            self.source = resolve_model(self.config.model_path, self.config.cache_dir)
+        with phase("tokenizer", "loading the tokenizer"):
+            self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
         self.vision = getattr(self.source.config, "vision", None)  # None for text-only models
         if self.vision is not None:
             if self.config.tp_size > 1 or self.config.tp_workers:
@@ -70,7 +99,12 @@ class Engine:
         self._media_processor: Any = None
         self._media: OrderedDict[int, dict[str, Any]] = OrderedDict()  # pad id -> what views show for it
         self._media_lock = threading.Lock()
-        self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
+        with phase("weights", "loading the weights, allocating the KV cache (and capturing CUDA graphs on a GPU)"):
+            self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
+        for graphs, what in ((getattr(self.runner, "graphs", None), "decode"),
+                             (getattr(self.runner, "extend_graphs", None), "extend")):
+            if graphs is not None:  # part of the phase above, said apart
+                self.load_phases[f"{what}_graphs"] = graphs.capture_seconds
         if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
             self.config = dataclasses.replace(
                 self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
@@ -102,7 +136,8 @@ class Engine:
             from sgnb.engine.warmup import warm_up
 
             try:
-                self.warmup_seconds = warm_up(self)
+                with phase("warmup", "warming up the kernels (compiling them on a fresh machine)"):
+                    self.warmup_seconds = warm_up(self)
             except BaseException:
                 self.shutdown()
                 raise

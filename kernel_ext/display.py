@@ -36,6 +36,13 @@ def live_view(name: str, *args: Any, **kwargs: Any) -> Any:
     return view
 
 
+def discard_view(view: Any) -> None:
+    """Take back a view displayed for a run that was refused before it began."""
+    from sgnb.widgets._display import discard
+
+    discard(view)
+
+
 def refresh_view(view: Any) -> None:
     """Send `view`'s output again, with its snapshot of now: what a notebook saved after the cell keeps."""
     from sgnb.widgets._display import refresh
@@ -54,6 +61,46 @@ class Text:
 
     def __repr__(self) -> str:
         return self.text
+
+
+class LoadProgress:
+    """What `%sgl model` shows while the engine starts: each phase as it begins, then with its time. In a
+    notebook one output updated in place; elsewhere a line per finished phase. Call it as the engine's
+    `progress(label, seconds)`; a label reported twice adds up on one line."""
+
+    def __init__(self, title: str, live: bool) -> None:
+        self.title = title
+        self.phases: dict[str, float | None] = {}  # label -> seconds (None while it runs)
+        self.handle: Any = None
+        if live:
+            from IPython.display import display
+
+            self.handle = display(Text(self.render()), display_id=True)
+
+    def __call__(self, label: str, seconds: float | None) -> None:
+        if seconds is None:
+            self.phases.setdefault(label, None)  # a phase seen before keeps its time meanwhile
+        else:
+            again = self.phases.get(label) is not None
+            self.phases[label] = (self.phases.get(label) or 0.0) + seconds
+            if self.handle is None and not again:
+                print(f"  {label}: {seconds:.1f} s", flush=True)
+        if self.handle is not None:
+            self.handle.update(Text(self.render()))
+
+    def render(self, summary: str | None = None) -> str:
+        lines = [self.title]
+        for label, seconds in self.phases.items():
+            lines.append(f"  {label}: " + ("..." if seconds is None else f"{seconds:.1f} s"))
+        if summary:
+            lines.append(summary)
+        return "\n".join(lines)
+
+    def finish(self, summary: str) -> None:
+        if self.handle is not None:
+            self.handle.update(Text(self.render(summary)))
+        else:
+            print(summary)
 
 
 def transcript(state: Any, max_chars: int = 4000) -> Text:

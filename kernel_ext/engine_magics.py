@@ -78,7 +78,7 @@ class EngineMagics(Magics):
     def sgl(self, line: str = "") -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
         try:
-            argv = shlex.split(line)
+            argv = shlex.split(line, comments=True)  # "# ..." after the arguments is a comment
         except ValueError as e:
             raise UsageError(f"%sgl: {e}") from None
         if not argv or argv[0] in ("-h", "--help", "help"):
@@ -105,10 +105,12 @@ class EngineMagics(Magics):
                   f"--backend`): not loading {model}")
             return
         t0 = time.perf_counter()
-        runtime = self.session.load_model(model, **options)
+        progress = show.LoadProgress(f"sgnb: loading {model}", live=show.in_notebook(self.shell))
+        runtime = self.session.load_model(model, progress=progress, **options)
         engine = runtime.engine
-        print(f"sgnb: {engine.model_name} on {engine.runner.placement} loaded in {time.perf_counter() - t0:.1f} s "
-              f"(KV pool {engine.runner.kv_pool.size} tokens); it is the default backend")
+        progress.finish(f"sgnb: {engine.model_name} on {engine.runner.placement} loaded in "
+                        f"{time.perf_counter() - t0:.1f} s (KV pool {engine.runner.kv_pool.size} tokens); it is the "
+                        "default backend")
 
     def _backend(self, args: argparse.Namespace) -> None:
         options = {"base_url": args.base_url} if args.base_url else {}

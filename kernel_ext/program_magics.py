@@ -46,8 +46,9 @@ class ProgramMagics(Magics):
               help="this cell's backend: URL, openai:MODEL, anthropic:MODEL or a variable holding a backend "
                    "(default: the current one, see %%sgl)")
     @argument("--no-widget", action="store_true", help="no live view; print the program's text at the end")
-    @argument("--stream", action="store_true", help="stream gens token by token (printed as they come without "
-                                                    "a widget)")
+    @argument("--stream", action="store_true", help="stream gens token by token (the default with the view; "
+                                                    "with --no-widget, print the text as it comes)")
+    @argument("--no-stream", action="store_true", help="the view shows each gen when it ends, not token by token")
     @no_var_expand
     @cell_magic
     def sgl(self, line: str, cell: str) -> Any:
@@ -77,7 +78,7 @@ class ProgramMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
         here = sys._getframe()  # tracebacks start below this frame: the user sees their cell, not the magic
         try:
-            args = self.sgl.parser.parse_args(shlex.split(line))
+            args = self.sgl.parser.parse_args(shlex.split(line, comments=True))  # a trailing "# ..." is a comment
         except ValueError as e:
             raise UsageError(f"%%sgl: {e}") from None
         output = args.output or args.input or DEFAULT_OUTPUT
@@ -113,9 +114,12 @@ class ProgramMagics(Magics):
             if args.logprobs < 0:
                 raise UsageError(f"%%sgl --logprobs takes a number of alternatives >= 0, got {args.logprobs}")
             sampling.update(return_logprob=True, top_logprobs_num=args.logprobs, return_text_in_logprobs=True)
+        if args.stream and args.no_stream:
+            raise UsageError("%%sgl: --stream and --no-stream contradict each other")
         title = f"%%sgl [{self.session.cell_number()}]"
         view = show.live_view("ProgramView", title=title) if self.session.widgets() and not args.no_widget else None
         subscribers = [view.on_event] if view else None
+        stream = not args.no_stream if view is not None else args.stream  # a view streams by default
         streamed = False
         state = None
         try:
@@ -123,12 +127,15 @@ class ProgramMagics(Magics):
                 fn = cell_function(code, namespace, title)
                 if target is not None:
                     try:
-                        state = fn.run_on(target, backend=guard, stream=args.stream, subscribers=subscribers,
+                        state = fn.run_on(target, backend=guard, stream=stream, subscribers=subscribers,
                                           sampling=sampling)
                     except ProgramError as e:  # the state cannot continue (its program failed or was interrupted)
+                        if view is not None:  # nothing ran: no view of it
+                            show.discard_view(view)
+                            view = None
                         raise UsageError(f"%%sgl -i {args.input}: {e}") from None
                 else:
-                    state = fn.run(backend=guard, stream=args.stream, subscribers=subscribers, **sampling)
+                    state = fn.run(backend=guard, stream=stream, subscribers=subscribers, **sampling)
             finally:
                 namespace.commit()
             self.shell.user_ns[output] = state
@@ -144,6 +151,9 @@ class ProgramMagics(Magics):
                 for exe in (state.executor, *state.executor.descendants()):
                     exe.abort()
             clean = guard.interrupt()
+            if state is not None:  # the programs record what their aborted gens wrote (the view shows it)
+                for exe in (state.executor, *state.executor.descendants()):
+                    exe.drained(timeout=5)
             late = "" if clean else " (some did not stop in time)"
             sys.stdout.flush()
             interrupted = KeyboardInterrupt(f"interrupted: the cell's requests were aborted{late}")

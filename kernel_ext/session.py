@@ -67,24 +67,38 @@ class KernelSession:
                              "`%sgl model smollm2` loads one")
         return engine
 
-    def load_model(self, model: str, **options: Any) -> Any:
+    def load_model(self, model: str, progress: Any = None, **options: Any) -> Any:
         """Load `sgnb.Runtime(model, **options)` and make it the default backend, replacing the engine this
         session loaded before. The model and options are checked first, so a typo leaves the working engine in
         place; on a GPU the old engine is then shut down before the new one loads (its memory is needed), on a
-        CPU only once the new one has loaded."""
+        CPU only once the new one has loaded. `progress(label, seconds)` hears of each phase (see Engine)."""
+        import time
+
+        t0 = time.perf_counter()
+        if progress is not None:
+            progress("importing torch and the engine", None)
+        from sgnb.engine import Engine  # noqa: F401 (torch and the engine: a second or two the first time)
         from sgnb.engine.config import EngineConfig
         from sgnb.engine.model_loader import resolve_model
 
+        if progress is not None:
+            progress("importing torch and the engine", time.perf_counter() - t0)
         try:
             config = EngineConfig.from_kwargs(model_path=model, **options)
+            t0 = time.perf_counter()
+            label = "finding the model (a GGUF is converted once, then cached)"  # as the engine names it
+            if progress is not None:
+                progress(label, None)
             resolve_model(model, cache_dir=config.cache_dir)
+            if progress is not None:
+                progress(label, time.perf_counter() - t0)
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise UsageError(f"%sgl model: {e} (the current backend is unchanged)") from None
         on_gpu = config.device.startswith("cuda") or (config.device == "auto" and _cuda_available())
         if on_gpu:
             self.release_runtime()
         try:
-            runtime = sgnb.Runtime(model, **options)
+            runtime = sgnb.Runtime(model, **options, **({"progress": progress} if progress else {}))
         except (TypeError, ValueError, FileNotFoundError) as e:
             raise UsageError(f"%sgl model: {e}") from None
         if not on_gpu:

@@ -23,6 +23,7 @@ in sgnb's format. Either way the message of the open role keeps the text as cont
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 import logging
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgnb import ir
-from sgnb.backends.base import Backend, GenContext
+from sgnb.backends.base import Backend, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
@@ -318,7 +319,10 @@ class StreamExecutor:
         with self.chunks_cond:
             self.chunks.append((var, text, meta))
             self.chunks_cond.notify_all()
-        self.emit({"type": "text", "text": text, "var": var})
+        event: dict[str, Any] = {"type": "text", "text": text, "var": var}
+        if meta:  # a gen's piece: its token counts so far (views keep their counters moving while it streams)
+            event["progress"] = {k: meta[k] for k in _PROGRESS_KEYS if k in meta}
+        self.emit(event)
 
     def _context(self) -> GenContext:
         self.current_rid = f"{self.id}-{uuid.uuid4().hex[:8]}"
@@ -333,42 +337,60 @@ class StreamExecutor:
         if node.dtype is not None:
             params = dataclasses.replace(params, regex=DTYPE_REGEX[node.dtype])
         ctx = self._context()
+        begin = len(self.text_)
         self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
-                   "constraint": params.regex or params.json_schema or params.ebnf})
+                   "constraint": params.regex or params.json_schema or params.ebnf,
+                   "constraint_name": _schema_title(params.json_schema)})
         value: Any
-        if node.tools is not None:
-            value, meta = self._gen_tools(node.name, node.tools, params, ctx)
-        elif (params.n or 1) > 1:
-            samples = self.backend.generate_samples(ctx, params)
-            texts, metas = [t for t, _ in samples], [m for _, m in samples]
-            self._append(texts[0], node.name, metas[0])  # the program goes on with the first, as in SGLang
-            value = [_convert(t, node.dtype) for t in texts] if node.dtype is not None else texts
-            meta = {**metas[0], "samples": metas}
-        else:
-            if self.stream:
-                value, meta = self._gen_stream(node.name, ctx, params)
+        try:
+            if node.tools is not None:
+                value, meta = self._gen_tools(node.name, node.tools, params, ctx)
+            elif (params.n or 1) > 1:
+                samples = self.backend.generate_samples(ctx, params)
+                texts, metas = [t for t, _ in samples], [m for _, m in samples]
+                self._append(texts[0], node.name, metas[0])  # the program goes on with the first, as in SGLang
+                value = [_convert(t, node.dtype) for t in texts] if node.dtype is not None else texts
+                meta = {**metas[0], "samples": metas}
             else:
-                value, meta = self.backend.generate(ctx, params)
-                self._append(value, node.name, meta)
-            if node.dtype is not None:
-                value = _convert(value, node.dtype)
+                if self.stream:
+                    value, meta = self._gen_stream(node.name, ctx, params)
+                else:
+                    value, meta = self.backend.generate(ctx, params)
+                    self._append(value, node.name, meta)
+                if node.dtype is not None:
+                    value = _convert(value, node.dtype)
+        except RequestAborted as e:
+            if not self.aborted:
+                raise
+            # interrupted: the gen keeps what it wrote (its variable holds the partial text, its meta_info says
+            # it was aborted), and the program stops here
+            self._append(e.text, node.name, e.meta)
+            self._end_gen(node.name, ctx, self.text_[begin:], e.meta)
+            raise
+        self._end_gen(node.name, ctx, value, meta)
+
+    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: dict[str, Any]) -> None:
         # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
-        self.emit({"type": "gen_end", "var": node.name, "rid": ctx.rid, "meta_info": _small_meta(meta),
+        self.emit({"type": "gen_end", "var": name, "rid": ctx.rid, "meta_info": _small_meta(meta),
                    "prompt_chars": len(ctx.text)})
-        if node.name is not None:
-            self.meta_info[node.name] = meta
-            self._set_var(node.name, value)
+        if name is not None:
+            self.meta_info[name] = meta
+            self._set_var(name, value)
 
     def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
         # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
         pieces, meta, held, held_meta = [], {}, "", {}
-        for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
-            pieces.append(piece)
-            if piece and held:
-                self._append(held, name, held_meta)
-                held = ""
-            held, held_meta = held + piece, meta
+        try:
+            for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
+                pieces.append(piece)
+                if piece and held:
+                    self._append(held, name, held_meta)
+                    held = ""
+                held, held_meta = held + piece, meta
+        except RequestAborted as e:
+            e.text = held + e.text  # what was not appended yet
+            raise
         self._append(held, name, meta)
         return "".join(pieces), meta
 
@@ -554,13 +576,26 @@ class StreamExecutor:
                 coming = self.pending_vars[name] > 0
             if not coming and name not in self.variables and self.error_ is None:
                 # nothing appended so far sets it: waiting would wait forever (SGLang raises at once too)
-                raise KeyError(f"no variable {name!r} in this program: nothing appended to it sets that name "
-                               f"(it has: {sorted(self.variables)})")
+                raise KeyError(f"no variable {name!r} in this program: nothing appended to it sets that name"
+                               + self._known_names(name))
             self.wait(lambda: ev.wait(wait_slice()), name)
         if name in self.variables:
             return self.variables[name]
         self.raise_error()
-        raise KeyError(f"no variable {name!r} in this program (has: {sorted(self.variables)})")
+        raise KeyError(f"no variable {name!r} in this program" + self._known_names(name))
+
+    def _known_names(self, name: str) -> str:
+        """The rest of a missing variable's message: the names that are set or being generated, and the close
+        one the user may have meant."""
+        with self._pending_lock:
+            coming = sorted(n for n in self.pending_vars if n not in self.variables)
+        known = sorted(self.variables)
+        parts = [f"set: {known}" if known else "none is set yet"]
+        if coming:
+            parts.append(f"being generated: {coming}")
+        close = difflib.get_close_matches(name, known + coming, n=1, cutoff=0.0 if len(known + coming) == 1 else 0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f" ({', '.join(parts)}){hint}"
 
     def wait(self, poll: Callable[[], bool], what: str) -> None:
         """Wait in short slices so KeyboardInterrupt lands; on interrupt, abort the in-flight request."""
@@ -666,6 +701,20 @@ def _convert(value: str, dtype: type) -> Any:
     if dtype is str:
         return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
     return dtype(text)
+
+
+_PROGRESS_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+
+
+def _schema_title(schema: str | None) -> str | None:
+    """A JSON schema's title (a pydantic model's class name), which views show for the constraint."""
+    if not schema:
+        return None
+    try:
+        title = json.loads(schema).get("title")
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return title if isinstance(title, str) and title else None
 
 
 def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:

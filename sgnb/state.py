@@ -99,7 +99,7 @@ class ProgramState:
         self.executor.set_var(name, value)
 
     def __contains__(self, name: str) -> bool:
-        self.sync()
+        self._settle()
         return name in self.executor.variables
 
     def get_meta_info(self, name: str) -> dict[str, Any]:
@@ -117,12 +117,19 @@ class ProgramState:
         self.executor.raise_error()
         return self
 
+    def _settle(self) -> None:
+        """Wait for the program; raise its error, unless it was interrupted: an interrupted program's text,
+        messages and variables are what it wrote until then (an interrupted gen's partial text included)."""
+        self.executor.sync()
+        if not self.executor.aborted:
+            self.executor.raise_error()
+
     def text(self) -> str:
-        self.sync()
+        self._settle()
         return self.executor.text_
 
     def messages(self) -> list[dict[str, Any]]:
-        self.sync()
+        self._settle()
         return list(self.executor.messages_)
 
     def error(self) -> BaseException | None:
@@ -134,7 +141,7 @@ class ProgramState:
         return None
 
     def variables(self) -> dict[str, Any]:
-        self.sync()
+        self._settle()
         return dict(self.executor.variables)
 
     def abort(self) -> None:

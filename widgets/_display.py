@@ -38,4 +38,12 @@ def refresh(view: Any) -> bool:
     return True
 
 
-__all__ = ["refresh", "show"]
+def discard(view: Any) -> None:
+    """Take back the output `show` made (a view whose run was refused before it began) and close the view."""
+    handle = getattr(view, _HANDLE, None)
+    if handle is not None:
+        handle.update({"text/plain": ""}, raw=True)
+    view.close()
+
+
+__all__ = ["discard", "refresh", "show"]

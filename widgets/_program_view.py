@@ -273,7 +273,9 @@ class ProgramView(anywidget.AnyWidget):
     def run(cls, view: ProgramView | None, fn: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         """Run `fn` (an sgnb function) with a view subscribed; display the view; return the program state at
         once (it runs on; read variables or `state.sync()` to wait). `ProgramView.run(fn, ...)` creates and
-        displays a new view (also at `state.view`); `view.run(fn, ...)` feeds an existing one."""
+        displays a new view (also at `state.view`); `view.run(fn, ...)` feeds an existing one. Gens stream into
+        the view token by token unless `stream=False` is given."""
+        kwargs.setdefault("stream", True)
         if view is None:
             view = cls(title=getattr(fn, "__name__", ""))
             _display(view)
@@ -388,6 +390,8 @@ class ProgramView(anywidget.AnyWidget):
                 p.first_chunk_t = self._now
             gen["text"] += text
             gen["chunks"] += 1
+            if not gen["done"] and isinstance(e.get("progress"), dict):  # its counts so far: the header moves
+                gen["meta"].update(e["progress"])
             return
         if var is not None:  # a select's choice arrives as text first, then the select event
             p.segments.append({"k": "select", "var": var, "text": text, "choices": []})
@@ -399,7 +403,8 @@ class ProgramView(anywidget.AnyWidget):
     def _gen_begin(self, p: _Program, e: Event) -> None:
         constraint = e.get("constraint")
         seg = {"k": "gen", "var": e.get("var"), "rid": e.get("rid"), "where": e.get("where"), "text": "",
-               "constraint": str(constraint)[:300] if constraint else None, "done": False, "chunks": 0,
+               "constraint": str(constraint)[:300] if constraint else None,
+               "constraint_name": e.get("constraint_name"), "done": False, "chunks": 0,
                "meta": {}, "tokens": None, "logprobs": False, "ttft": None, "elapsed": None}
         p.segments.append(seg)
         p.open_gen, p.open_gen_t, p.first_chunk_t = seg, self._now, None
@@ -512,14 +517,19 @@ class ProgramView(anywidget.AnyWidget):
         p.segments.append({"k": "error", **p.error})
         p.status = "interrupted" if e.get("interrupted") else "error"
         p.t_end = self._now
-        if p.open_gen is not None:
+        if p.open_gen is not None and not e.get("interrupted"):
             p.open_gen["done"] = True
             p.open_gen = None
+        # an interrupted gen stays open for what it wrote until the abort reached it (its text and gen_end
+        # come after this event); the program's end closes it otherwise
 
     def _end(self, p: _Program, e: Event) -> None:
         if p.status == "running":
             p.status = "done"
         p.t_end = p.t_end or self._now
+        if p.open_gen is not None:
+            p.open_gen["done"] = True
+            p.open_gen = None
 
     # ---- text forms --------------------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -12,7 +12,8 @@
  * Segment, by k:
  *   text:       { text, tmpl: bool (a chat-template role marker), cached?: int (how many of its characters the
  *                 engine's cache served to the gen that read it first; absent until a gen read it) }
- *   gen:        { var, rid, where, text, constraint: string | null, done: bool, chunks: int (streamed pieces),
+ *   gen:        { var, rid, where, text, constraint: string | null, constraint_name: a JSON schema's title | null,
+ *                 done: bool, chunks: int (streamed pieces),
  *                 meta: { prompt_tokens, completion_tokens, cached_tokens, finish_reason, e2e_latency, ttft,
  *                         decode_steps, forced_tokens }, tokens: [text, forced: bool, logprob | null,
  *                 [[alternative, logprob], ...] | null][] | null (the texts concatenate to `text`),
@@ -190,7 +191,8 @@ function drawGen(seg, parent, where) {
   varTag(seg, parent);
   if (seg.constraint) {
     // a plain-text label: the chain glyph it had needs an emoji font that many machines lack
-    const c = el("span", "sgnb-pv-constraint", parent, `constrained: ${seg.constraint.length > 28 ? seg.constraint.slice(0, 27) + "…" : seg.constraint}`);
+    const shown = seg.constraint_name ?? (seg.constraint.length > 28 ? seg.constraint.slice(0, 27) + "…" : seg.constraint);
+    const c = el("span", "sgnb-pv-constraint", parent, `constrained: ${shown}`);
     c.title = seg.constraint;
   }
   const span = el("span", "sgnb-pv-gen", parent);
@@ -430,7 +432,11 @@ function drawProgram(prog, ctx, parent, depth) {
   const label = ctx.labels.get(prog.id);
   el("span", null, head, prog.parent && label ? `branch ${label}` : prog.name || prog.id).title = prog.id;
   el("span", `sgnb-pv-status ${prog.status}`, head, prog.status);
-  el("span", "sgnb-pv-sum", head, `${fmt(prog.elapsed, 2)} s`);
+  const clock = el("span", "sgnb-pv-sum", head, `${fmt(prog.elapsed, 2)} s`);
+  if (prog.status === "running") {  // counts on between updates (tick in render)
+    clock.classList.add("sgnb-pv-clock");
+    clock.dataset.elapsed = String(prog.elapsed ?? 0);
+  }
   const args = Object.entries(prog.arguments || {}).map(([k, v]) => `${k}=${v}`).join(", ");
   if (args && !prog.parent) el("span", "sgnb-pv-args", head, args).title = args;
   const body = el("div", "sgnb-pv-body", box);
@@ -615,9 +621,20 @@ function render({ model, el: host }) {
   };
   root.addEventListener("mouseover", show);
   root.addEventListener("mouseout", hide);
+  // running programs' clocks move between model updates (a long prefill sends none): from the elapsed time of
+  // the last update, plus the time since it was drawn
+  let drawnAt = performance.now();
+  const stamp = () => { drawnAt = performance.now(); };
+  model.on("change:programs", stamp);
+  const tick = setInterval(() => {
+    const dt = (performance.now() - drawnAt) / 1000;
+    for (const c of root.querySelectorAll(".sgnb-pv-clock")) c.textContent = `${fmt(Number(c.dataset.elapsed) + dt, 2)} s`;
+  }, 250);
   redraw();
   for (const k of ["programs", "summary", "title"]) model.on(`change:${k}`, update);
   return () => {
+    clearInterval(tick);
+    model.off("change:programs", stamp);
     for (const k of ["programs", "summary", "title"]) model.off(`change:${k}`, update);
     wrap.remove();
   };

@@ -45,6 +45,17 @@ class BackendError(RuntimeError):
     """The backend could not serve a request (a server error, an aborted request, an unsupported feature)."""
 
 
+class RequestAborted(BackendError):
+    """The request was aborted before it finished (an interrupted cell, a client that went away). `text` is what
+    it generated that the caller has not been given yet (the whole output for a plain generate, the last piece
+    for a stream) and `meta` its meta_info (finish_reason "abort", the token counts so far)."""
+
+    def __init__(self, message: str, text: str = "", meta: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.text = text
+        self.meta = dict(meta or {})
+
+
 class Backend:
     """Base class. Subclasses implement generate and select; the rest have sensible defaults."""
 

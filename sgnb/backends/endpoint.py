@@ -25,7 +25,7 @@ from typing import Any
 import requests
 
 from sgnb.backends._select import select_by_logprobs
-from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
 from sgnb.engine.scoring import start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
@@ -183,10 +183,10 @@ class RuntimeEndpoint(Backend):
                 if "error" in chunk:
                     raise BackendError(f"stream from {self.base_url} failed: {_message_of(chunk)}")
                 meta = chunk.get("meta_info", {})
+                text = chunk.get("text", "")
                 if meta.get("finish_reason") is not None:
                     finished = True
-                    _raise_if_failed(chunk)
-                text = chunk.get("text", "")
+                    _raise_if_failed(chunk, text if incremental else text[sent:])
                 if incremental:
                     for key in ("output_token_logprobs", "output_top_logprobs"):
                         if meta.get(key) is not None:
@@ -290,12 +290,15 @@ def _error_message(res: requests.Response) -> str:
         return res.text.strip() or res.reason
 
 
-def _raise_if_failed(out: dict[str, Any]) -> None:
+def _raise_if_failed(out: dict[str, Any], new_text: str | None = None) -> None:
+    """RequestAborted when the request was aborted, with the text the caller has not seen (`new_text`; by
+    default the whole output)."""
     meta = out.get("meta_info") or {}
     reason = meta.get("finish_reason") or {}
     if isinstance(reason, dict) and reason.get("type") == "abort":
         detail = reason.get("message") or meta.get("error") or "aborted"
-        raise BackendError(f"request {meta.get('id')} was aborted: {detail}")
+        raise RequestAborted(f"request {meta.get('id')} was aborted: {detail}",
+                             out.get("text", "") if new_text is None else new_text, meta)
 
 
 def _media_fields(media: list[Media]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
-from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
+from sgnb.backends.base import Backend, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate, derive_from_jinja
 from sgnb.media import Media
 from sgnb.sampling import GenParams
@@ -61,14 +61,14 @@ class Runtime(Backend):
 
     def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         out = self.engine.generate(**self._request(ctx, params))
-        _raise_if_aborted(out["meta_info"])
+        _raise_if_aborted(out["meta_info"], out["text"])
         return out["text"], self._with_tokens(out["meta_info"], out["output_ids"])
 
     def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
         outs = self.engine.generate(**self._request(ctx, params))  # one request: the n samples share the prefix
         outs = outs if isinstance(outs, list) else [outs]
         for out in outs:
-            _raise_if_aborted(out["meta_info"])
+            _raise_if_aborted(out["meta_info"], out["text"])
         return [(out["text"], self._with_tokens(out["meta_info"], out["output_ids"])) for out in outs]
 
     def _with_tokens(self, meta: dict[str, Any], output_ids: list[int]) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class Runtime(Backend):
         for chunk in self.engine.generate(**self._request(ctx, params), stream=True):
             meta = chunk["meta_info"]
             if "finish_reason" in meta:  # the last chunk: complete meta_info and the output ids
-                _raise_if_aborted(meta)
+                _raise_if_aborted(meta, chunk["text"])
                 meta = self._with_tokens(meta, chunk["output_ids"])
             yield chunk["text"], meta
 
@@ -114,8 +114,10 @@ def _media_kw(media: list[Media]) -> dict[str, Any]:
     return {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
 
 
-def _raise_if_aborted(meta: dict[str, Any]) -> None:
+def _raise_if_aborted(meta: dict[str, Any], text: str) -> None:
+    """RequestAborted (with `text`, what the request generated that the caller has not seen) when it was aborted."""
     reason = meta.get("finish_reason") or {}
     if reason.get("type") == "abort":
         why = reason.get("message") or "aborted"
-        raise BackendError(f"request {meta.get('id')} was aborted" + ("" if why == "aborted" else f": {why}"))
+        raise RequestAborted(f"request {meta.get('id')} was aborted" + ("" if why == "aborted" else f": {why}"),
+                             text, meta)

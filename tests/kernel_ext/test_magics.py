@@ -305,7 +305,14 @@ def test_interrupt_aborts_the_cells_requests(ip, shared, engine, body, running, 
     assert "state.py" not in shown and "interpreter.py" not in shown and "threading.py" not in shown, shown
     assert shown.count("interrupted") == 1 and shown.count("Traceback") == 1, shown
     assert _last_arrow(shown) in body.splitlines(), shown
-    assert ip.user_ns["_sgl"].executor.aborted  # the state reads "interrupted" (not an aborted request's error)
+    state = ip.user_ns["_sgl"]
+    assert state.executor.aborted  # the state reads "interrupted" (not an aborted request's error)
+    if "fork" not in body:  # the interrupted gen keeps what it wrote, and says it was aborted
+        partial = state["x"]
+        assert isinstance(partial, str) and partial and state.text() == "Count: 1, 2, 3," + partial
+        meta = state.get_meta_info("x")
+        assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] >= 1
+        assert "y" not in state and isinstance(state.error(), sgnb.ProgramError)
     # the engine serves the next cell
     ip.run_cell_magic("sgl", "--max-tokens 3 --no-widget", 's += "Next:"\ns += gen("z")\n')
     assert ip.user_ns["_sgl"].get_meta_info("z")["completion_tokens"] == 3
@@ -364,7 +371,10 @@ def test_model_loads_replaces_and_unloads(ip, shared, capsys):
     first = session.runtime
     assert sgnb.get_default_backend() is first and first.engine.model_name == "dummy:tiny"
     assert first.engine.runner.kv_pool.size == 256
-    assert "loaded in" in capsys.readouterr().out
+    out = capsys.readouterr().out  # what it did, phase by phase, with the time each took
+    assert "loaded in" in out and "finding the model" in out and "loading the tokenizer" in out, out
+    assert re.search(r"loading the weights.*: \d+\.\d s", out), out
+    assert set(first.engine.load_phases) >= {"model", "tokenizer", "weights"}
     ip.run_line_magic("sgl", "serve --port 0")
     server = session.server
     ip.run_line_magic("sgl", line)  # a new engine: the old one, and the server over it, are shut down
@@ -547,3 +557,41 @@ def test_an_interrupt_in_a_plain_cell_shows_the_users_line(ip, shared, engine, c
     assert _last_arrow(out) == 'st["n"]' and out.count("Traceback") == 1, out
     assert "interrupted: the program and its request were aborted" in out
     assert "state.py" not in out and "threading.py" not in out, out
+
+
+def test_comments_after_a_magics_arguments_are_ignored(ip, shared, capsys):
+    """The README's own lines, pasted as written: `%sgl model smollm2   # the in-process engine ...`."""
+    ip.run_line_magic("sgl", "backend shared_runtime   # the in-process engine becomes the default backend")
+    assert "default backend is Runtime" in capsys.readouterr().out
+    ip.run_cell_magic("sgl", "--max-tokens 2 --no-widget  # a comment, as in Python", 's += "Hi"\ns += gen("x")\n')
+    assert ip.user_ns["_sgl"].get_meta_info("x")["completion_tokens"] == 2
+    with pytest.raises(UsageError, match="unrecognized arguments: #quoted"):  # a quoted '#' is an argument
+        ip.run_line_magic("sgl", "backend shared_runtime '#quoted'")
+
+
+def test_a_refused_continuation_leaves_no_empty_view(ip, shared, capsys, monkeypatch):
+    """A `-i` refused before anything ran took back the (real) view it displayed, which showed "0 programs
+    (waiting for a program)" above the error."""
+    import sgnb.widgets
+    from sgnb.widgets import ProgramView
+
+    made = []
+
+    class Recorded(ProgramView):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    with pytest.raises(sgnb.ProgramError):
+        ip.run_cell_magic("sgl", "--no-widget -o broken2", 's += "x"\ns += image("cat.png")\n')
+    monkeypatch.setattr(sgnb.widgets, "ProgramView", Recorded)
+    get_session(ip).use_widgets = True
+    try:
+        with pytest.raises(UsageError, match="cannot continue"):
+            ip.run_cell_magic("sgl", "-i broken2", 's += "more"\n')
+        assert len(made) == 1 and made[0].comm is None  # displayed, then taken back and closed
+        with pytest.raises(UsageError, match="contradict"):  # refused before any view is shown
+            ip.run_cell_magic("sgl", "--stream --no-stream", 's += "x"\n')
+        assert len(made) == 1
+    finally:
+        get_session(ip).use_widgets = None

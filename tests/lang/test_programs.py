@@ -264,3 +264,14 @@ def test_reading_a_variable_nothing_sets_fails_at_once(engine):
     assert isinstance(seen["a"], str)
     assert "'nope'" in seen["inside"] and "['a']" in seen["inside"]
     assert "'missing'" in box["after"] and "['a']" in box["after"]
+
+    @sgl.function
+    def typo(s):
+        s += "Say hi:" + sgl.gen("a", max_tokens=24, temperature=0, ignore_eos=True)
+        try:
+            s["answer"]  # read at once: "a" is still being generated
+        except KeyError as e:
+            seen["typo"] = str(e)
+
+    typo.run(backend=backend).sync()
+    assert "being generated: ['a']" in seen["typo"] and "did you mean 'a'?" in seen["typo"], seen["typo"]

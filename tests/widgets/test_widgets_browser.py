@@ -262,6 +262,13 @@ for ending in [" there was", " a king", " in a land far away"]:
     engine.generate("Once upon a time" + ending, {"max_new_tokens": 6, "temperature": 0})
     time.sleep(0.3)
 time.sleep(0.5)""",
+    """\
+%load_ext sgnb
+%sgl backend runtime""",
+    # a %%sgl cell with no flag: its view streams, and its header counts the tokens as they come
+    """\
+%%sgl --temperature 0
+s += "A tale:" + gen("tale", max_tokens=40, ignore_eos=True)""",
 ]
 
 
@@ -278,10 +285,16 @@ def jupyter_lab(request, tmp_path):
 
 
 RECORD = """() => {
-  window.sgnbSeen = {lengths: [], nodes: [], states: []};
+  window.sgnbSeen = {lengths: [], nodes: [], states: [], tale: [], heads: []};
   new MutationObserver(() => {
     const span = document.querySelector(".sgnb-pv-gen[data-var='story']");
     if (span) window.sgnbSeen.lengths.push(span.textContent.length);
+    const tale = document.querySelector(".sgnb-pv-gen[data-var='tale']");
+    if (tale) {
+      window.sgnbSeen.tale.push(tale.textContent.length);
+      const head = tale.closest(".sgnb-pv-root").querySelector(".sgnb-pv-head .sgnb-pv-sum");
+      if (head) window.sgnbSeen.heads.push(head.textContent);
+    }
     window.sgnbSeen.nodes.push(document.querySelectorAll(".sgnb-rt-node").length);
     for (const n of document.querySelectorAll(".sgnb-rt-node.new, .sgnb-rt-node.hit"))
       window.sgnbSeen.states.push(n.classList.contains("new") ? "new" : "hit");
@@ -298,7 +311,9 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
         page.evaluate(RECORD)
         run_all_cells(page)
         try:
-            page.wait_for_selector(".sgnb-pv-status.done", timeout=120_000)
+            page.wait_for_selector(".sgnb-pv-gen[data-var='tale']", timeout=180_000)
+            page.wait_for_function("document.querySelectorAll('.sgnb-pv-status.done').length >= 2",
+                                   timeout=120_000)
         except Exception:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
@@ -313,3 +328,8 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     counts = sorted(set(seen["nodes"]))
     assert len([c for c in counts if c > 1]) >= 3, f"the tree passed through intermediate sizes: {counts}"
     assert {"new", "hit"} <= set(seen["states"])
+    # the %%sgl cell streamed by default: several partial texts, and the header's token count moved with them
+    tales = sorted(set(seen["tale"]))
+    assert len([n for n in tales if n > 0]) >= 4, f"the %%sgl view streamed: {tales}"
+    generated = {int(m) for h in seen["heads"] for m in re.findall(r"(\d+) generated", h)}
+    assert len(generated) >= 3 and max(generated) == 40, f"the header counted as it went: {sorted(generated)}"
