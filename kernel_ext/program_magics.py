@@ -119,6 +119,8 @@ class ProgramMagics(Magics):
         title = f"%%sgl [{self.session.cell_number()}]"
         view = show.live_view("ProgramView", title=title) if self.session.widgets() and not args.no_widget else None
         subscribers = [view.on_event] if view else None
+        if view is not None:
+            view.errors_below = True  # the cell's traceback follows the view
         stream = not args.no_stream if view is not None else args.stream  # a view streams by default
         streamed = False
         state = None

@@ -137,12 +137,8 @@ class SglFunction:
             state.ret_value = self.func(state, **arguments)
         except BaseException as e:  # a Python error in the body: the state records it, like a primitive's
             exe = state.executor
-            if exe.error_ is None:
-                exe.error_, exe.error_where = e, _body_location(e)
-                # views learn of it as of a primitive's failure (a cell that raised must not read "done")
-                interrupted = exe.aborted = isinstance(e, KeyboardInterrupt)
-                exe.emit({"type": "error", "where": exe.error_where, "interrupted": interrupted,
-                          "message": "interrupted" if interrupted else f"{type(e).__name__}: {e}"})
+            # views learn of it as of a primitive's failure (a cell that raised must not read "done")
+            exe.fail(e, _body_location(e), interrupted=isinstance(e, KeyboardInterrupt))
             if not isinstance(e, Exception):  # KeyboardInterrupt: the whole run stops, forks and copies too
                 for branch in (exe, *exe.descendants()):
                     branch.abort()
@@ -171,11 +167,14 @@ class SglFunction:
                   logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
                   return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False, frontend_hints: bool = True,
-                  subscribers: list[Callable[[dict], None]] | None = None) -> list[ProgramState]:
+                  subscribers: list[Callable[[dict], None]] | None = None,
+                  stream: bool | None = None) -> list[ProgramState]:
         """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
         (its state's error() tells). With frontend_hints, the program's constant prefix is traced and cached
         first, so the batch shares it from the start. In a notebook, with no subscribers given, a live table
-        of the programs (arguments, variables, status, progress) is displayed (instead of the progress bar)."""
+        of the programs (arguments, variables, status, progress) is displayed (instead of the progress bar).
+        `stream`: gens stream token by token to the subscribers and the table (default: when the table is
+        shown)."""
         if not isinstance(batch_kwargs, list):
             raise TypeError("run_batch takes a list of argument dicts")
         backend = _resolve_backend(backend)
@@ -188,6 +187,7 @@ class SglFunction:
         if num_threads == "auto":
             num_threads = max(1, min(len(all_args), 4 * (os.cpu_count() or 1), 64))
         view = None if subscribers else _batch_view(self.__name__, all_args)
+        streamed = view is not None if stream is None else bool(stream)
         bar = None
         if progress_bar and view is None:
             from tqdm.auto import tqdm
@@ -202,7 +202,7 @@ class SglFunction:
             if cancelled.is_set():
                 return None
             feed = [view.subscriber_for(index)] if view is not None else []
-            state = self._run(backend, arguments, defaults, False, True, [*(subscribers or []), *feed])
+            state = self._run(backend, arguments, defaults, streamed, True, [*(subscribers or []), *feed])
             live[index] = state
             if cancelled.is_set():
                 state.abort()

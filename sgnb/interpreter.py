@@ -30,6 +30,7 @@ import logging
 import queue
 import re
 import threading
+import time
 import types
 import uuid
 import weakref
@@ -83,11 +84,12 @@ class ProgramError(RuntimeError):
         self.where = where
         self.detail = detail  # the message without the line, for a traceback that shows the line
         self.below: types.FrameType | None = None  # frames down to this one are not the user's (a magic's)
+        self.origin: types.TracebackType | None = None  # the cause's traceback as it was caught (else its own)
 
     def _render_traceback_(self) -> list[str]:
         tb = user_traceback(self.__traceback__, self.below)
         cause = self.__cause__
-        origin = user_traceback(cause.__traceback__) if cause is not None else None
+        origin = user_traceback(self.origin or cause.__traceback__) if cause is not None else None
         if origin is None and self.where:
             origin = frame_at(self.where)
         shown = self if origin is None or not self.detail else ProgramError(self.detail)
@@ -164,8 +166,10 @@ class StreamExecutor:
         self.fork_start = 0
         self.fork_media = 0  # images_ inherited from the parent at the fork
         self.where_: str | None = None  # the innermost node being run that knows its program line
+        # the failure (set by `fail` only): the error, the program line, its traceback as it was caught
         self.error_: BaseException | None = None
         self.error_where: str | None = None
+        self.error_tb: types.TracebackType | None = None
         self.program_scratch: dict[str, Any] = {}
         self.current_rid: str | None = None
         self.subscribers: list[Callable[[dict[str, Any]], None]] = list(parent.subscribers) if parent else []
@@ -286,13 +290,8 @@ class StreamExecutor:
         try:
             self._execute(node)
         except BaseException as e:  # includes backend errors; surfaces at s["v"] / sync()
-            if self.error_ is not None:  # aborted meanwhile: the failure of the aborted request is not news
-                return
-            self.error_, self.error_where = e, self.where_ or node.where
-            log.debug("program %s failed at %s", self.id, self.error_where, exc_info=True)
-            self.emit({"type": "error", "message": f"{type(e).__name__}: {e}", "where": self.error_where})
-            for ev in list(self.var_events.values()):
-                ev.set()
+            log.debug("program %s failed at %s", self.id, self.where_ or node.where, exc_info=True)
+            self.fail(e, self.where_ or node.where)
 
     # ---- node handlers (dispatch table at the end of the class) --------------------------------------
     def _execute(self, node: ir.Node) -> None:
@@ -449,10 +448,14 @@ class StreamExecutor:
 
     def _select(self, node: ir.Select) -> None:
         ctx = self._context()
+        t0 = time.perf_counter()
         decision = self.backend.select(ctx, list(node.choices), node.temperature, node.choices_method)
+        elapsed = time.perf_counter() - t0
         self._append(decision.decision, node.name)
+        # meta_info: its prompt and cached tokens (summed over the choices' scoring requests), for the metrics
         self.emit({"type": "select", "var": node.name, "choice": decision.decision, "choices": list(node.choices),
-                   "normalized_prompt_logprobs": decision.meta_info.get("normalized_prompt_logprobs")})
+                   "normalized_prompt_logprobs": decision.meta_info.get("normalized_prompt_logprobs"),
+                   "meta_info": _small_meta(decision.meta_info), "elapsed": elapsed})
         if node.name is not None:
             self.meta_info[node.name] = decision.meta_info
             self._set_var(node.name, decision.decision)
@@ -611,13 +614,25 @@ class StreamExecutor:
             raise show_user_traceback(KeyboardInterrupt("interrupted: the program and its request were "
                                                         "aborted")).with_traceback(e.__traceback__) from None
 
+    def fail(self, error: BaseException, where: str | None, interrupted: bool = False) -> bool:
+        """Record the program's failure (the first one only: what an abort makes fail next is not news): what
+        the state's readers raise (`raise_error`), and views are told. The error's traceback is kept as it is
+        now, from where it was caught to where it was raised (re-raising it later, as a cell does, would add
+        the frames it passes through). False when the program had failed already."""
+        if self.error_ is not None:
+            return False
+        self.error_, self.error_where, self.error_tb = error, where, error.__traceback__
+        self.aborted = self.aborted or interrupted
+        self.emit({"type": "error", "where": where, "interrupted": interrupted,
+                   "message": "interrupted" if interrupted else f"{type(error).__name__}: {error}"})
+        for ev in list(self.var_events.values()):
+            ev.set()
+        return True
+
     def abort(self) -> None:
         """Stop the program: nothing more runs, and the in-flight request (if any) is aborted."""
-        if self.error_ is None:
-            self.aborted = True
-            self.error_ = ProgramError("the program was interrupted (aborted, with its request)")
-            self.error_where = self.where_
-            self.emit({"type": "error", "message": "interrupted", "interrupted": True, "where": self.where_})
+        self.fail(ProgramError("the program was interrupted (aborted, with its request)"), self.where_,
+                  interrupted=True)
         for ev in list(self.var_events.values()):
             ev.set()
         if self.current_rid is not None:
@@ -625,8 +640,10 @@ class StreamExecutor:
 
     def raise_error(self) -> None:
         if self.error_ is not None:
-            raise ProgramError(_describe(self.error_, self.error_where), self.error_where,
-                               _describe(self.error_, None)) from self.error_
+            error = ProgramError(_describe(self.error_, self.error_where), self.error_where,
+                                 _describe(self.error_, None))
+            error.origin = self.error_tb
+            raise error from self.error_
 
     def emit(self, event: dict[str, Any]) -> None:
         if not self.subscribers:

@@ -22,6 +22,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _sigint_stays_default(request):
+    """Ctrl-C must always interrupt: a test that leaves another SIGINT handler behind (a library that installs
+    one and never restores it) fails here, naming itself, instead of a later interrupt test failing."""
+    import signal
+
+    yield
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        pytest.fail(f"{request.node.nodeid} left SIGINT handled by {handler!r}")
+
+
 @pytest.fixture(scope="session")
 def engine():
     from sgnb.engine import Engine

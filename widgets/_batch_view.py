@@ -9,6 +9,7 @@ saved notebook shows the finished batch. The trait layout is documented in `batc
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,22 @@ MAX_COLUMNS = 12  # argument and variable columns
 def _short(text: str, limit: int = MAX_VALUE) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+
+
+def argument_text(value: Any, limit: int = 60) -> str:
+    """A program argument as a table cell: what it is for images, arrays and bytes (not their repr with a memory
+    address), the repr otherwise."""
+    module = type(value).__module__
+    if module.startswith("PIL.") and hasattr(value, "size") and hasattr(value, "mode"):
+        return f"[image {value.size[0]}x{value.size[1]} {value.mode}]"
+    if module == "numpy" and hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"[array {tuple(value.shape)} {value.dtype}]"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"[{len(bytes(value))} bytes]"
+    return _short(_ADDRESS.sub("", repr(value)), limit)
 
 
 class _Row:
@@ -73,9 +90,8 @@ class BatchView(anywidget.AnyWidget):
         super().__init__(title=title, **kwargs)
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.RLock()
-        self._pending: list[tuple[int, Event]] = []
-        self._rows = [_Row(i, {k: _short(repr(v), 60) for k, v in a.items()})
-                      for i, a in enumerate(arguments or [])]
+        self._pending: list[tuple[int, float, Event]] = []  # (program, arrival time, event)
+        self._rows = [_Row(i, {k: argument_text(v) for k, v in a.items()}) for i, a in enumerate(arguments or [])]
         self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
         self._t_begin = time.time()
         self._t_end: float | None = None
@@ -87,8 +103,9 @@ class BatchView(anywidget.AnyWidget):
         """The event callback for the batch's program `index` (its branches' events come through it too)."""
 
         def on_event(event: Event) -> None:
+            now = time.time()  # the row's timings are the events' own, not the later flush's
             with self._lock:
-                self._pending.append((index, event))
+                self._pending.append((index, now, event))
             self._ticker.start()
 
         return on_event
@@ -127,10 +144,9 @@ class BatchView(anywidget.AnyWidget):
                 events, self._pending = self._pending, []
             if not events:
                 return False
-            now = time.time()
-            for index, event in events:
+            for index, when, event in events:
                 if 0 <= index < len(self._rows):
-                    self._apply(self._rows[index], event, now)
+                    self._apply(self._rows[index], event, when)
             self._send_rows()
             return True
 

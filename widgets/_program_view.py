@@ -252,6 +252,7 @@ class ProgramView(anywidget.AnyWidget):
         self._programs: dict[str, _Program] = {}
         self._alias: dict[str, str] = {}  # a continuation's program id -> the program it continues here
         self._now = time.time()  # the arrival time of the event being applied
+        self.errors_below = False  # True: a traceback under the view says what went wrong (%%sgl sets it)
         self.events_seen = 0
         self.flushes = 0  # flushes that sent something (each is one comm message)
         self._ticker = Ticker(self.flush, max(interval, 0.05), "sgnb-program-view", idle_stop=2.0)
@@ -323,13 +324,15 @@ class ProgramView(anywidget.AnyWidget):
     def _send_model(self) -> None:
         programs = [p.to_json() for p in self._programs.values()]
         gens = [s for p in self._programs.values() for s in p.segments if s["k"] == "gen"]
+        scored = gens + [s for p in self._programs.values() for s in p.segments if s["k"] == "select" and "meta" in s]
         summary = {
             "programs": len(programs),
             "running": sum(p["status"] == "running" for p in programs),
             "errors": sum(p["status"] == "error" for p in programs),
             "gens": len(gens),
-            "prompt_tokens": sum(g["meta"].get("prompt_tokens", 0) for g in gens),
-            "cached_tokens": sum(g["meta"].get("cached_tokens", 0) for g in gens),
+            "selects": len(scored) - len(gens),
+            "prompt_tokens": sum(g["meta"].get("prompt_tokens", 0) for g in scored),
+            "cached_tokens": sum(g["meta"].get("cached_tokens", 0) for g in scored),
             "completion_tokens": sum(g["meta"].get("completion_tokens", 0) for g in gens),
             "events": self.events_seen,
         }
@@ -474,6 +477,9 @@ class ProgramView(anywidget.AnyWidget):
         logprobs = e.get("normalized_prompt_logprobs") or []
         probs = softmax(logprobs)
         choices = list(e.get("choices") or [])
+        meta = dict(e.get("meta_info") or {})
+        seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
+        seg["elapsed"] = round(e["elapsed"], 4) if isinstance(e.get("elapsed"), (int, float)) else None
         seg["choices"] = [{"text": c, "logprob": logprobs[i] if i < len(logprobs) else None,
                            "p": probs[i] if i < len(probs) else None, "chosen": c == choice}
                           for i, c in enumerate(choices)]
@@ -514,7 +520,9 @@ class ProgramView(anywidget.AnyWidget):
         if p.status == "interrupted":
             return  # what the interrupt made fail next (the aborted request) is not another error
         p.error = {"message": str(e.get("message", ""))[:2000], "where": e.get("where")}
-        p.segments.append({"k": "error", **p.error})
+        # where a traceback follows the view (a %%sgl cell), the view marks the spot and names the error's
+        # kind; the message itself is the traceback's to say (said twice, it was read twice)
+        p.segments.append({"k": "error", **p.error, "below": self.errors_below and not e.get("interrupted")})
         p.status = "interrupted" if e.get("interrupted") else "error"
         p.t_end = self._now
         if p.open_gen is not None and not e.get("interrupted"):

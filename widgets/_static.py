@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -148,13 +149,14 @@ def _media(seg: Mapping[str, Any]) -> str:
 def _gens_table(segments: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for g in segments:
-        if g.get("k") != "gen":
+        select = g.get("k") == "select" and "meta" in g  # scored, not generated: its prompt and cache hits
+        if g.get("k") != "gen" and not select:
             continue
         m = g.get("meta") or {}
-        finish = m.get("finish_reason")
+        finish = "select" if select else m.get("finish_reason")
         if isinstance(finish, Mapping):
             finish = finish.get("type", json.dumps(finish))
-        rows.append([_e(g.get("var") or "(gen)"), _e(m.get("prompt_tokens", "")), _e(m.get("cached_tokens", "")),
+        rows.append([_e(g.get("var") or ("(select)" if select else "(gen)")), _e(m.get("prompt_tokens", "")), _e(m.get("cached_tokens", "")),
                      _e(m.get("completion_tokens", "")), _num(m.get("e2e_latency", g.get("elapsed")), 3),
                      _e(finish if finish is not None else ("" if g.get("done") else "running"))])
     if not rows:
@@ -206,8 +208,12 @@ def _program(prog: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], de
                        f'{_e(seg.get("text"))}</pre></details>')
         elif k == "error":
             where = f"\n  at {seg['where']}" if seg.get("where") else ""
+            text = f"error: {seg.get('message')}{where}"
+            if seg.get("below"):  # the cell's traceback, under the view, has the message
+                kind = re.match(r"([A-Za-z_][\w.]*):", str(seg.get("message") or ""))
+                text = f"failed here{f' ({kind.group(1)})' if kind else ''}: the traceback is below"
             body.block(f'<pre style="{_MONO}; color: #a4161a; background: #fde7e9; padding: 2px 6px">'
-                       f'error: {_e(seg.get("message"))}{_e(where)}</pre>')
+                       f'{_e(text)}</pre>')
     body.block("</div>" * open_roles)
     colour = _STATUS.get(status, "#d0d7de") if status in ("running", "error") else "#d0d7de"
     return (f'<div style="border: 1px solid {colour}; border-radius: 6px; margin: 4px 0; overflow: hidden">'
@@ -372,7 +378,7 @@ def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, A
         values = [(r.get("arguments") if j < nargs else r.get("values")) or {} for j in range(len(columns))]
         cells = [f"<code>{_e(v.get(c, ''))}</code>" if v.get(c) else "" for v, c in zip(values, columns)]
         gens = f"{r.get('gens_done', 0)}/{r['gens']}" if r.get("gens") else ""
-        body.append([_e(r.get("i")), cell, *cells, _e(gens), _e(r.get("tokens") or ""), _num(r.get("elapsed"), 1)])
+        body.append([_e(r.get("i")), cell, *cells, _e(gens), _e(r.get("tokens") or ""), _num(r.get("elapsed"), 2 if (r.get("elapsed") or 0) < 10 else 1)])
     table = _table(["#", "status", *columns, "gens", "tokens", "s"], body, "margin-top: 3px",
                    align="rl" + "l" * len(columns) + "rrr") if body else ""
     more = int(s.get("total") or 0) - len(rows)

@@ -87,7 +87,7 @@ function drawBatch(model, root) {
     });
     bel("td", "num", row, r.gens ? `${r.gens_done}/${r.gens}` : "");
     bel("td", "num", row, r.tokens || "");
-    bel("td", "num", row, typeof r.elapsed === "number" ? r.elapsed.toFixed(1) : "");
+    bel("td", "num", row, typeof r.elapsed === "number" ? r.elapsed.toFixed(r.elapsed < 10 ? 2 : 1) : "");
   }
   if ((s.total ?? 0) > rows.length) bel("div", "sgnb-bv-more", scroll, `… ${s.total - rows.length} more programs (counted above, not listed)`);
   root.replaceChildren(frag);

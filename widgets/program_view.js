@@ -4,7 +4,7 @@
  *
  * Traits:
  *   title: string
- *   summary: { programs, running, errors, gens, prompt_tokens, cached_tokens, completion_tokens, events }
+ *   summary: { programs, running, errors, gens, selects, prompt_tokens, cached_tokens, completion_tokens, events }
  *   programs: Program[] (flat; a fork's children name their parent)
  * Program = { id, parent: id | null, name, arguments: {name: repr}, status: "running" | "done" | "error" | "interrupted",
  *             segments: Segment[], variables: string[], children: id[], error: {message, where} | null,
@@ -19,7 +19,9 @@
  *                 [[alternative, logprob], ...] | null][] | null (the texts concatenate to `text`),
  *                 logprobs: bool, ttft: seconds (the engine's, same clock as e2e_latency) | null,
  *                 elapsed: wall seconds from gen() to its result | null, cached_chars?, cached_exact? }
- *   select:     { var, text (the choice), choices: [{ text, logprob, p (softmax probability), chosen }] }
+ *   select:     { var, text (the choice), choices: [{ text, logprob, p (softmax probability), chosen }],
+ *                 meta?: { prompt_tokens, cached_tokens } (over its choices' scoring), elapsed?: wall seconds }
+ *   error:      { message, where, below: bool (a traceback under the view has the message: the view marks the spot) }
  *   role_begin / role_end: { role }
  *   image / video: { path, name, thumb: "data:image/jpeg;base64,..." | "" (<= 72 px), frames: data URLs
  *                 (a video's sampled frames, <= 48 px, at most 16; [] when the event had none), num_frames }
@@ -368,7 +370,7 @@ function drawFork(prog, i, seg, ctx, parent, depth) {
 // ---- metrics: one table per top-level program, its branches' gens included ------------------------------
 function gensOf(prog, ctx, out, depth = 0) {
   for (const seg of prog.segments) {
-    if (seg.k === "gen") out.push([prog, seg]);
+    if (seg.k === "gen" || (seg.k === "select" && seg.meta)) out.push([prog, seg]);
     else if (seg.k === "fork" && depth < 32) for (const k of forkKids(prog, seg, ctx)) gensOf(k, ctx, out, depth + 1);
   }
   return out;
@@ -395,7 +397,9 @@ function drawMetrics(prog, ctx, parent) {
   det.open = ctx.ui.tables.get(prog.id) ?? true;
   det.addEventListener("toggle", () => ctx.ui.tables.set(prog.id, det.open));
   const branches = new Set(gens.map(([p]) => p.id)).size;
-  el("summary", null, det, `metrics: ${gens.length} gen${gens.length === 1 ? "" : "s"}${branched ? ` in ${branches} branch${branches === 1 ? "" : "es"}` : ""}`);
+  const nSel = gens.filter(([, g]) => g.k === "select").length, nGen = gens.length - nSel;
+  const counted = [nGen ? `${nGen} gen${nGen === 1 ? "" : "s"}` : "", nSel ? `${nSel} select${nSel === 1 ? "" : "s"}` : ""].filter(Boolean).join(", ");
+  el("summary", null, det, `metrics: ${counted}${branched ? ` in ${branches} branch${branches === 1 ? "" : "es"}` : ""}`);
   const table = el("table", "sgnb-pv-gens", det);
   const head = el("tr", null, table);
   for (const [h, why] of METRIC_HEADS) {
@@ -409,8 +413,9 @@ function drawMetrics(prog, ctx, parent) {
     tr.dataset.program = p.id;
     const lat = m.e2e_latency ?? g.elapsed;
     const tps = lat && m.completion_tokens ? m.completion_tokens / lat : null;
-    const finish = m.finish_reason ? (m.finish_reason.type ?? JSON.stringify(m.finish_reason)) : (g.done ? "" : "running");
-    const cells = [["gen", g.var ?? "(gen)"], ["branch", ctx.labels.get(p.id) || "main"], ["prompt", m.prompt_tokens ?? ""],
+    const select = g.k === "select";  // scored, not generated: its prompt and cache hits, its wall time
+    const finish = select ? "select" : m.finish_reason ? (m.finish_reason.type ?? JSON.stringify(m.finish_reason)) : (g.done ? "" : "running");
+    const cells = [["gen", g.var ?? (select ? "(select)" : "(gen)")], ["branch", ctx.labels.get(p.id) || "main"], ["prompt", m.prompt_tokens ?? ""],
       ["cached", m.cached_tokens ?? ""], ["output", m.completion_tokens ?? ""], ["forced", m.forced_tokens ?? ""],
       ["ttft", fmt(g.ttft, 3)], ["latency", fmt(lat, 3)], ["tps", fmt(tps, 1)], ["finish", finish]];
     for (const [k, c] of cells) {
@@ -476,7 +481,12 @@ function drawProgram(prog, ctx, parent, depth) {
         break;
       }
       case "error":
-        el("span", "sgnb-pv-error", cur, `error: ${seg.message}${seg.where ? "\n  at " + seg.where : ""}`);
+        if (seg.below) {  // the cell's traceback, under the view, has the message
+          const kind = /^([A-Za-z_][\w.]*)(?=:)/.exec(seg.message || "");
+          el("span", "sgnb-pv-error", cur, `failed here${kind ? ` (${kind[1]})` : ""}: the traceback is below`).title = seg.message;
+        } else {
+          el("span", "sgnb-pv-error", cur, `error: ${seg.message}${seg.where ? "\n  at " + seg.where : ""}`);
+        }
         break;
       default:
         break;
@@ -540,7 +550,10 @@ function draw(model, root, ui, redraw) {
   const parts = [`${tops} program${tops === 1 ? "" : "s"}${branches ? `, ${branches} branch${branches === 1 ? "" : "es"}` : ""}`];
   if (s.running) parts.push(`${s.running} running`);
   if (s.errors) parts.push(`${s.errors} failed`);
-  if (s.gens) parts.push(`${s.gens} gen${s.gens === 1 ? "" : "s"}: ${s.prompt_tokens ?? 0} prompt tok (${s.cached_tokens ?? 0} cached), ${s.completion_tokens ?? 0} generated`);
+  if (s.gens || s.selects) {
+    const what = [s.gens ? `${s.gens} gen${s.gens === 1 ? "" : "s"}` : "", s.selects ? `${s.selects} select${s.selects === 1 ? "" : "s"}` : ""].filter(Boolean).join(", ");
+    parts.push(`${what}: ${s.prompt_tokens ?? 0} prompt tok (${s.cached_tokens ?? 0} cached), ${s.completion_tokens ?? 0} generated`);
+  }
   el("span", "sgnb-pv-sum", head, parts.join(" · "));
   drawLegend(programs, ctx, frag);
   for (const p of programs) {

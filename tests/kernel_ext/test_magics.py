@@ -595,3 +595,46 @@ def test_a_refused_continuation_leaves_no_empty_view(ip, shared, capsys, monkeyp
         assert len(made) == 1
     finally:
         get_session(ip).use_widgets = None
+
+
+def test_a_failed_cells_view_marks_the_spot_and_leaves_the_message_to_the_traceback(ip, shared, monkeypatch):
+    """The error was said twice: in full in the view, and in the traceback under it."""
+    import sgnb.widgets
+    from sgnb.widgets import ProgramView
+    from sgnb.widgets._static import program_html
+
+    made = []
+
+    class Recorded(ProgramView):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(sgnb.widgets, "ProgramView", Recorded)
+    get_session(ip).use_widgets = True
+    try:
+        with pytest.raises(sgnb.ProgramError, match="takes no images"):
+            ip.run_cell_magic("sgl", "--max-tokens 2", 's += "x" + gen("a")\ns += image("cat.png")\n')
+    finally:
+        get_session(ip).use_widgets = None
+    (view,) = made
+    view.flush()
+    (prog,) = view.programs
+    (err,) = [seg for seg in prog["segments"] if seg["k"] == "error"]
+    assert err["below"] and "takes no images" in err["message"]  # kept for the tooltip
+    page = program_html(view.title, view.programs, view.summary)
+    assert "failed here (BackendError): the traceback is below" in page and "takes no images" not in page
+
+
+def test_a_failed_cells_state_read_later_shows_no_magic_frame(ip, shared, capsys):
+    """Reading a failed %%sgl cell's state in a later plain cell showed the earlier cell's
+    `get_ipython().run_cell_magic(...)` frame between the reading line and the program line."""
+    with pytest.raises(NameError):
+        ip.run_cell_magic("sgl", "--no-widget -o failed", 's += "x"\nfoo = undefined_name\n')
+    capsys.readouterr()
+    result = ip.run_cell("failed.text()\n")
+    assert isinstance(result.error_in_exec, sgnb.ProgramError)
+    out = _plain(capsys.readouterr().out)
+    assert "run_cell_magic" not in out, out
+    arrows = [line.split(maxsplit=2)[2] for line in out.splitlines() if line.lstrip().startswith("---->")]
+    assert arrows == ["failed.text()", "foo = undefined_name"], out

@@ -204,7 +204,6 @@ def test_pydantic_schema_and_invalid_constraints_at_gen_line():
 
 def test_interrupting_run_batch_aborts_every_program(engine):
     """Ctrl-C in a plain cell running run_batch: every program stops, no request keeps a cache lock."""
-    import os
     import signal
     import threading
     import time
@@ -216,12 +215,25 @@ def test_interrupting_run_batch_aborts_every_program(engine):
         s += f"Story {i}:" + sgl.gen("a", max_tokens=400, ignore_eos=True, temperature=0.7)
         s += "\nNext:" + sgl.gen("b", max_tokens=400, ignore_eos=True)
 
-    # a real SIGINT, like a kernel interrupt (it also wakes the main thread's blocked wait)
-    timer = threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
+    # a real SIGINT, like a kernel interrupt, once the programs are decoding (a timer fired blind could come
+    # before the batch ran or after it ended); sent to the main thread, as the kernel's interrupt reaches it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (tests/conftest.py keeps it so)
+    main = threading.main_thread().ident
+    fired = threading.Event()
+
+    def interrupt_when_running() -> None:
+        deadline = time.time() + 60
+        while engine.get_stats()["running"] < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        fired.set()
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
     t0 = time.time()
     with pytest.raises(KeyboardInterrupt):
         long_story.run_batch([{"i": i} for i in range(6)], backend=backend, num_threads=3)
+    assert fired.is_set(), "run_batch returned before the interrupt: its programs did not run"
     assert time.time() - t0 < 60
     deadline = time.time() + 20
     while (engine.scheduler.busy or engine.tree.protected_size) and time.time() < deadline:

@@ -112,6 +112,10 @@ def test_program_view_reflects_a_real_program(runtime):
     assert sum(c["p"] for c in sel["choices"]) == pytest.approx(1.0, abs=1e-3)
     best = max(sel["choices"], key=lambda c: c["p"])
     assert best["chosen"] and best["text"] == state["verdict"]
+    # its metrics as for gens: the prompt its choices were scored after (the conversation so far, cached)
+    vmeta = state.get_meta_info("verdict")
+    assert sel["meta"]["prompt_tokens"] == vmeta["prompt_tokens"] > 0 and sel["elapsed"] > 0
+    assert sel["meta"]["cached_tokens"] == vmeta["cached_tokens"] > 0
 
     (fork,) = segs(top, "fork")
     assert len(fork["children"]) == 2 and top["children"] == fork["children"]
@@ -129,7 +133,7 @@ def test_program_view_reflects_a_real_program(runtime):
     assert 0 < forced < len(tokens), "jump-forward tokens and sampled ones are both marked"
     assert year["meta"]["forced_tokens"] == forced
 
-    assert view.summary["gens"] == 4 and view.summary["programs"] == 3
+    assert view.summary["gens"] == 4 and view.summary["selects"] == 1 and view.summary["programs"] == 3
     assert set(top["variables"]) >= {"answer", "verdict", "idea", "year"}
 
 
@@ -546,12 +550,27 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
     for r, st in zip(view.rows, states):
         if r["status"] == "done":
             assert r["values"] == {k: " ".join(st[k].split()) for k in ("a", "sure")}  # whitespace as one space
-            assert r["gens"] == r["gens_done"] == 1 and r["tokens"] >= 1 and r["elapsed"] >= 0
+            # timed from the events' own arrival, not from the flush that applied them (which read 0.0)
+            assert r["gens"] == r["gens_done"] == 1 and r["tokens"] >= 1 and r["elapsed"] > 0
     assert "boom" in view.rows[2]["error"]
     assert view.summary["total"] == 4 and view.summary["done"] == 3 and view.summary["error"] == 1
     shown.clear()
     qa.run_batch([{"q": "x"}], backend=runtime, subscribers=[lambda e: None])  # a caller's own view: no table
     assert shown == []
+
+
+def test_batch_arguments_read_as_what_they_are():
+    import numpy as np
+    from PIL import Image
+
+    from sgnb.widgets._batch_view import argument_text
+
+    assert argument_text(Image.new("RGB", (64, 32))) == "[image 64x32 RGB]"
+    assert argument_text(np.zeros((4, 5, 3), np.uint8)) == "[array (4, 5, 3) uint8]"
+    assert argument_text(b"abc") == "[3 bytes]" and argument_text("q?") == "'q?'"
+    assert "0x" not in argument_text(object())
+    view = BatchView("t", [{"img": Image.new("L", (8, 8)), "q": "x"}])
+    assert view.rows[0]["arguments"] == {"img": "[image 8x8 L]", "q": "'x'"}
 
 
 def test_sgl_logprobs_switch_asks_every_gen(engine, monkeypatch):
