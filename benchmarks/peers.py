@@ -29,8 +29,32 @@ from typing import Any
 from sgnb.backends.base import Backend, ChoiceDecision, GenContext
 from sgnb.chat_template import derive_from_jinja
 from sgnb.engine.radix_cache import common_prefix_len
-from sgnb.engine.scoring import check_choices, choose, score_start
+from sgnb.engine.scoring import SCORING_METHODS, check_choices, decide
 from sgnb.sampling import GenParams
+
+
+# ---- the peers' scorer: the choice's own tokens only (the engine scores as SGLang does: engine/scoring.py) ----
+def score_start(prefix_ids: list[int], full: list[list[int]]) -> int:
+    """The first position where any choice's tokenization (prefix + choice, encoded together) departs from the
+    prefix's, at least 1 and leaving every choice at least one token."""
+    start = min(common_prefix_len(prefix_ids, f) for f in full)
+    return max(1, min(start, min(len(f) for f in full) - 1))
+
+
+def choose(method: str, cond: list[list[float]], uncond: list[list[float]] | None = None) -> tuple[int, list[float]]:
+    """(index, one score per choice) from the choice tokens' logprobs alone: their mean, greedy token by token, or
+    the mean of (conditional - unconditional)."""
+    means = [sum(c) / len(c) for c in cond]
+    if method == "token_length_normalized":
+        return max(range(len(means)), key=lambda i: (means[i], -i)), means
+    if method == "greedy_token_selection":
+        rows = [[(v, None, None) for v in c] for c in cond]
+        return decide(method, means, rows)[0], means
+    if method == "unconditional_likelihood_normalized":
+        assert uncond is not None and len(uncond) == len(cond)
+        scores = [(sum(c) - sum(u)) / len(c) for c, u in zip(cond, uncond)]
+        return max(range(len(scores)), key=lambda i: (scores[i], -i)), scores
+    raise ValueError(f"unknown choices_method {method!r}; valid: {SCORING_METHODS}")
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

@@ -444,18 +444,28 @@ class Engine:
                 except queue.Empty:
                     self._check_open(workers=False)
                     continue
-                if r.finished:
-                    out = self._result(r, text_in_logprobs)
-                    out["text"] = r.text[sent:]
-                    yield out
+                chunk, sent, done = self._next_chunk(r, sent, text_in_logprobs)
+                if chunk is not None:
+                    yield chunk
+                if done:
                     return
-                safe = _stream_safe_len(r.text, r.sampling.stop)
-                if safe > sent:
-                    yield {"text": r.text[sent:safe], "meta_info": self._partial_meta(r, text_in_logprobs)}
-                    sent = safe
         finally:
             if not req.finished:
                 self.scheduler.abort(req.rid)
+
+    def _next_chunk(self, req: Req, sent: int, text_in_logprobs: bool) -> tuple[dict | None, int, bool]:
+        """A stream's next chunk: what `req` wrote past the `sent` characters a stream has given, the new count,
+        and whether it was the last. Text that may still turn out to begin a stop string is held back; a
+        finished request's chunk is its whole result (full meta_info) with the text past `sent`. None when there
+        is nothing new yet."""
+        if req.finished:
+            out = self._result(req, text_in_logprobs)
+            out["text"] = req.text[sent:]
+            return out, len(req.text), True
+        safe = _stream_safe_len(req.text, req.sampling.stop)
+        if safe > sent:
+            return {"text": req.text[sent:safe], "meta_info": self._partial_meta(req, text_in_logprobs)}, safe, False
+        return None, sent, False
 
     async def async_generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
                              input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
@@ -501,21 +511,17 @@ class Engine:
 
     async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
         chunks: asyncio.Queue = asyncio.Queue()
-        req.on_update = lambda r: loop.call_soon_threadsafe(chunks.put_nowait, r.finished)
+        req.on_update = lambda r: loop.call_soon_threadsafe(chunks.put_nowait, None)  # a wake-up: read req
         self.scheduler.submit(req)
         sent = 0
         try:
             while True:
-                finished = await chunks.get()
-                if finished:
-                    out = self._result(req, text_in_logprobs)
-                    out["text"] = req.text[sent:]
-                    yield out
+                await chunks.get()
+                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
+                if chunk is not None:
+                    yield chunk
+                if done:
                     return
-                safe = _stream_safe_len(req.text, req.sampling.stop)
-                if safe > sent:
-                    yield {"text": req.text[sent:safe], "meta_info": self._partial_meta(req, text_in_logprobs)}
-                    sent = safe
         finally:
             if not req.finished:
                 self.scheduler.abort(req.rid)
@@ -726,11 +732,6 @@ class Engine:
         lock; do not modify it."""
         node = self.tree.nodes.get(node_id)  # one dict read
         return None if node is None else node.key
-
-    def node_text(self, node_id: int, max_tokens: int | None = None) -> str | None:
-        """The text of node `node_id`'s key (its first `max_tokens` ids), as `key_text` reads it; None when gone."""
-        key = self.node_key(node_id)
-        return None if key is None else self.key_text(key if max_tokens is None else key[:max_tokens])
 
     def node_path(self, node_id: int) -> list[int] | None:
         """Ids of the nodes from the root (excluded) down to `node_id` (included), or None when it is gone."""

@@ -148,14 +148,6 @@ class MultimodalProcessor:
         self._video_key = None if self._frame_proc is None else _digest(
             {"model": geometry, "video": self._frame_proc.to_dict()})
 
-    def placeholder_id(self, kind: str) -> int:
-        """The token id that stands for one feature row of an item of this kind in input_ids."""
-        if kind == "image":
-            return self.spec.image_token_index
-        if kind == "video" and self.spec.video_token_index is not None:
-            return self.spec.video_token_index
-        raise ValueError(f"a {self.spec.kind} model takes no {kind!r} items")
-
     def image(self, data: Any) -> MMItem:
         """An image given as a path (str or Path), a PIL image, a uint8 array (H, W, 3), encoded bytes, or a
         "data:image/...;base64," URL. Raises ValueError for URLs that would need the network, missing or

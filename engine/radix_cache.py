@@ -329,8 +329,3 @@ class RadixCache:
                 out.append(entry)
                 stack.extend(node.children.values())
         return out
-
-    def all_slots(self) -> torch.Tensor:
-        with self.lock:
-            parts = [n.value for n in self.nodes.values() if n is not self.root]
-            return torch.cat(parts) if parts else self._empty

@@ -147,30 +147,3 @@ def decide(method: str, normalized: list[float], rows: list[list[Entry]],
 
 def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
-# ---- the earlier scorer (the choice's own tokens only), kept for benchmarks/peers.py ----------------------------
-def score_start(prefix_ids: list[int], full: list[list[int]]) -> int:
-    """The first position where any choice's tokenization (prefix + choice, encoded together) departs from the
-    prefix's, at least 1 and leaving every choice at least one token. Not SGLang's method (see above): only
-    the benchmark peers (benchmarks/peers.py) still score this way."""
-    from sgnb.engine.radix_cache import common_prefix_len  # torch: only callers that hold token ids get here
-
-    start = min(common_prefix_len(prefix_ids, f) for f in full)
-    return max(1, min(start, min(len(f) for f in full) - 1))
-
-
-def choose(method: str, cond: list[list[float]], uncond: list[list[float]] | None = None) -> tuple[int, list[float]]:
-    """(index, one score per choice) from the choice tokens' logprobs alone: their mean, greedy token by token, or
-    the mean of (conditional - unconditional). Not SGLang's method (see above): only benchmarks/peers.py."""
-    means = [_mean(c) for c in cond]
-    if method == "token_length_normalized":
-        return _argmax(means), means
-    if method == "greedy_token_selection":
-        rows = [[(v, None, None) for v in c] for c in cond]
-        return decide(method, means, rows)[0], means
-    if method == "unconditional_likelihood_normalized":
-        assert uncond is not None and len(uncond) == len(cond)
-        scores = [(sum(c) - sum(u)) / len(c) for c, u in zip(cond, uncond)]
-        return _argmax(scores), scores
-    raise ValueError(f"unknown choices_method {method!r}; valid: {SCORING_METHODS}")

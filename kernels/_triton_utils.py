@@ -77,7 +77,3 @@ def next_pow2(n: int) -> int:
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
-
-def num_warps_for(block: int, elem_per_thread: int = 8) -> int:
-    """Warps for a 1-D tile of `block` elements, ~elem_per_thread each (16-byte vectors of bf16), 1..16."""
-    return min(max(block // (32 * elem_per_thread), 1), 16)

@@ -27,7 +27,9 @@ import difflib
 import itertools
 import json
 import logging
+import math
 import queue
+import random
 import re
 import threading
 import time
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgnb import ir
-from sgnb.backends.base import Backend, GenContext, RequestAborted
+from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
@@ -248,11 +250,8 @@ class StreamExecutor:
                              stream=self.stream if stream is None else stream, use_thread=self.use_thread,
                              num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template)
         nxt.name, nxt.parent_id = self.name if name is None else name, self.parent_id
-        nxt.text_, nxt.messages_, nxt.images_ = self.text_, list(self.messages_), list(self.images_)
-        nxt.variables, nxt.meta_info = dict(self.variables), dict(self.meta_info)
-        for k in nxt.variables:
-            nxt.var_events[k].set()
-        self._copy_role_into(nxt)
+        self._copy_into(nxt)
+        nxt.meta_info = dict(self.meta_info)
         nxt.var_scopes, nxt.program_scratch = dict(self.var_scopes), self.program_scratch
         nxt.fork_start, nxt.fork_media = self.fork_start, self.fork_media
         if self.text_:  # text_iter() of the continued state reads its whole text
@@ -450,6 +449,8 @@ class StreamExecutor:
         ctx = self._context()
         t0 = time.perf_counter()
         decision = self.backend.select(ctx, list(node.choices), node.temperature, node.choices_method)
+        if node.temperature > 0:
+            decision = _sample_choice(decision, list(node.choices), node.temperature, node.choices_method)
         elapsed = time.perf_counter() - t0
         self._append(decision.decision, node.name)
         # meta_info: its prompt and cached tokens (summed over the choices' scoring requests), for the metrics
@@ -509,8 +510,13 @@ class StreamExecutor:
             message["tool_call_id"] = self.role_answers
         return message
 
-    def _copy_role_into(self, other: StreamExecutor) -> None:
-        """A fork, copy or continuation goes on inside the same open role (with its calls)."""
+    def _copy_into(self, other: StreamExecutor) -> None:
+        """What a fork, copy or continuation starts from: this state's text, messages, images and variables,
+        inside the same open role (with its calls)."""
+        other.text_, other.messages_, other.images_ = self.text_, list(self.messages_), list(self.images_)
+        other.variables = dict(self.variables)
+        for k in other.variables:
+            other.var_events[k].set()
         other.cur_role, other.cur_role_begin = self.cur_role, self.cur_role_begin
         other.role_hidden, other.role_calls = list(self.role_hidden), list(self.role_calls)
         other.role_answers, other.unanswered = self.role_answers, list(self.unanswered)
@@ -680,11 +686,7 @@ class StreamExecutor:
                                    chat_template=self.chat_template, parent=self)
             child.name = self.name
             self.children.add(child)
-            child.text_, child.messages_, child.images_ = self.text_, list(self.messages_), list(self.images_)
-            self._copy_role_into(child)
-            child.variables = dict(self.variables)
-            for k in child.variables:
-                child.var_events[k].set()
+            self._copy_into(child)
             child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
         self.emit({"type": "fork", "children": [c.id for c in children]})
@@ -721,6 +723,26 @@ def _convert(value: str, dtype: type) -> Any:
 
 
 _PROGRESS_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+
+
+def _sample_choice(decision: ChoiceDecision, choices: list[str], temperature: float,
+                   method: str) -> ChoiceDecision:
+    """select(temperature > 0): a choice drawn with probabilities softmax(score / temperature) over the method's
+    per-choice scores (Python's `random`: seed it to repeat a draw). The backends score; this draws, once for
+    all of them."""
+    meta = decision.meta_info
+    key = ("normalized_unconditional_prompt_logprobs" if method == "unconditional_likelihood_normalized"
+           else "normalized_prompt_logprobs")
+    scores = meta.get(key)
+    if not isinstance(scores, list) or len(scores) != len(choices):
+        raise BackendError(f"select(temperature={temperature}) draws from the choices' scores ({key}), which this "
+                           "backend did not return")
+    top = max(scores)
+    weights = [math.exp((v - top) / temperature) for v in scores]
+    index = random.choices(range(len(choices)), weights)[0]
+    total = sum(weights)
+    return ChoiceDecision(choices[index], {**meta, "temperature": temperature,
+                                           "choice_probs": [w / total for w in weights]})
 
 
 def _schema_title(schema: str | None) -> str | None:

@@ -97,7 +97,10 @@ def gen_string(name: str | None = None, **kwargs: Any) -> ir.Node:
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
            choices_method: str = "token_length_normalized") -> ir.Node:
-    """Choose one of `choices` by the model's likelihood of each continuation."""
+    """Choose one of `choices` by the model's likelihood of each continuation: the best-scored one, or with
+    `temperature` > 0 one drawn with probabilities softmax(score / temperature) over the method's per-choice
+    scores (the normalized logprobs; for unconditional_likelihood_normalized, those less the unconditional
+    ones). greedy_token_selection ranks token by token and has no such score: it takes no temperature."""
     where = user_location()
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError("select(choices=...) needs a non-empty list of strings")
@@ -105,8 +108,11 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
         raise ValueError("select choices must be distinct")
     if choices_method not in SCORING_METHODS:
         raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
-    if temperature < 0:
-        raise ValueError("select temperature must be >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"select temperature must be a number >= 0, got {temperature!r}")
+    if temperature > 0 and choices_method == "greedy_token_selection":
+        raise ValueError("select(temperature > 0) draws from the choices' scores; greedy_token_selection ranks "
+                         "token by token and has none: use token_length_normalized to sample")
     return ir.Select(name, tuple(choices), float(temperature), choices_method, where=where)
 
 

@@ -5,6 +5,15 @@ from __future__ import annotations
 import time
 
 
+def tree_slots(tree):
+    """Every KV slot the radix tree's nodes own, in one tensor."""
+    import torch
+
+    with tree.lock:
+        parts = [n.value for n in tree.nodes.values() if n is not tree.root]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+
 def assert_pool_consistent(engine) -> None:
     """Idle engine: every KV slot is free or owned by the tree, none locked."""
     deadline = time.time() + 10
@@ -13,7 +22,7 @@ def assert_pool_consistent(engine) -> None:
     pool, tree = engine.runner.kv_pool, engine.tree
     assert tree.protected_size == 0
     assert pool.available + tree.total_size == pool.size
-    slots = tree.all_slots()
+    slots = tree_slots(tree)
     assert slots.unique().numel() == slots.numel()
     assert 0 not in slots.tolist()
     # slot 0 pads batched gathers: it must stay zero (garbage there once leaked NaN into cascade attention)

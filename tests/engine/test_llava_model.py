@@ -332,17 +332,20 @@ def test_video_errors(loaded, tmp_path) -> None:
         proc.video(tmp_path / "missing.mp4")
     not_video = tmp_path / "notes.mp4"
     not_video.write_text("just some text, no video in here\n" * 20)
-    with pytest.raises(ValueError, match="not a readable video"):
+    with pytest.raises(ValueError, match="not a video this engine reads"):  # sniffed, never probed
         proc.video(not_video)
-    wav = tmp_path / "sound.wav"  # a real media file with an audio stream only
-    with av.open(str(wav), "w") as c:
-        s = c.add_stream("pcm_s16le", rate=8000)
-        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
-        frame.sample_rate = 8000
-        for packet in [*s.encode(frame), *s.encode()]:
-            c.mux(packet)
-    with pytest.raises(ValueError, match="has no video stream"):
-        proc.video(wav)
+    for name in ("sound.wav", "sound.mka"):  # real media files with an audio stream only
+        audio = tmp_path / name
+        with av.open(str(audio), "w") as c:
+            s = c.add_stream("pcm_s16le", rate=8000)
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+            frame.sample_rate = 8000
+            for packet in [*s.encode(frame), *s.encode()]:
+                c.mux(packet)
+    with pytest.raises(ValueError, match="not a video this engine reads"):  # WAV is no video container
+        proc.video(tmp_path / "sound.wav")
+    with pytest.raises(ValueError, match="has no video stream"):  # Matroska is, but this one holds audio only
+        proc.video(tmp_path / "sound.mka")
     empty = _write_video(tmp_path / "empty.avi", frames=0, container="avi")  # a video stream, no frames
     with pytest.raises(ValueError, match="has no frames"):
         proc.video(empty)
@@ -366,7 +369,8 @@ def test_dummy_models_build_and_encode(name, tmp_path) -> None:
         feats = model.encode(it)
         assert feats.shape == (it.num_tokens, cfg.hidden_size) and feats.dtype == torch.float32
         assert torch.isfinite(feats).all() and feats.std() > 0
-        ids += [proc.placeholder_id(it.kind)] * it.num_tokens + [7]
+        placeholder = proc.spec.image_token_index if it.kind == "image" else proc.spec.video_token_index
+        ids += [placeholder] * it.num_tokens + [7]
     logprobs = Harness(model).run(ids, items)
     assert torch.isfinite(logprobs).all()
 

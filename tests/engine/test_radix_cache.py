@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_checks import tree_slots  # tests/engine_checks.py (tests/ is on sys.path: conftest)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -143,7 +144,7 @@ def test_insert_returns_already_present_length() -> None:
     assert cache.insert([1, 2, 3, 4, 6], slots(50, 51, 52, 53, 54)) == 4
     assert cache.insert([], slots()) == 0
     assert cache.total_size == cache.evictable_size == 6  # 1 2 | 3 4 | 6 and 5
-    assert sorted(cache.all_slots().tolist()) == [10, 11, 12, 13, 22, 54]
+    assert sorted(tree_slots(cache).tolist()) == [10, 11, 12, 13, 22, 54]
     assert cache.match_prefix([1, 2, 3, 4, 6, 7]).indices.tolist() == [10, 11, 12, 13, 54]
     assert cache.match_prefix([1, 2, 5]).indices.tolist() == [10, 11, 22]
 
@@ -242,7 +243,7 @@ def test_disable_never_caches() -> None:
     assert m.indices.numel() == 0 and m.last_node is cache.root
     assert cache.prefix_len([1, 2, 3]) == 0
     assert cache.evict(10) == 0 and freed == []
-    assert cache.total_size == 0 and cache.all_slots().numel() == 0 and list(cache.nodes) == [cache.root.id]
+    assert cache.total_size == 0 and tree_slots(cache).numel() == 0 and list(cache.nodes) == [cache.root.id]
 
 
 def test_reset_empties() -> None:
@@ -253,7 +254,7 @@ def test_reset_empties() -> None:
     cache.reset()
     assert cache.root is not old_root and list(cache.nodes) == [cache.root.id]
     assert cache.total_size == cache.evictable_size == cache.protected_size == 0
-    assert cache.all_slots().numel() == 0 and cache.match_prefix([1, 2, 3]).indices.numel() == 0
+    assert tree_slots(cache).numel() == 0 and cache.match_prefix([1, 2, 3]).indices.numel() == 0
     assert [e["id"] for e in cache.snapshot()] == [cache.root.id]
 
 
@@ -531,7 +532,7 @@ class RadixMachine(RuleBasedStateMachine):
     def slots_partitioned(self) -> None:
         """Every slot 1..size is in exactly one place: the pool, the tree, or a live request's own part."""
         own = [s for r in self.live for s in r.slots[r.cached_len:].tolist()]
-        tree = self.cache.all_slots().tolist()
+        tree = tree_slots(self.cache).tolist()
         assert self.pool.available + self.cache.total_size + len(own) == self.pool.size
         where = Counter(pool_free(self.pool)) + Counter(tree) + Counter(own)
         assert where == Counter(range(1, self.pool.size + 1)), "leaked or doubly owned slots"

@@ -287,3 +287,36 @@ def test_reading_a_variable_nothing_sets_fails_at_once(engine):
 
     typo.run(backend=backend).sync()
     assert "being generated: ['a']" in seen["typo"] and "did you mean 'a'?" in seen["typo"], seen["typo"]
+
+
+def test_select_temperature_draws_from_the_choices_scores(engine):
+    """select(temperature=) was validated, passed to every backend and used by none: now 0 takes the best
+    choice and > 0 draws from softmax(score / temperature), with the probabilities in meta_info."""
+    import math
+    import random
+
+    backend = sgl.Runtime(engine=engine)
+    choices = [" red", " green", " blue"]
+
+    @sgl.function
+    def pick(s, t):
+        s += "The colour of grass is" + sgl.select("c", choices=choices, temperature=t)
+
+    best = pick.run(0.0, backend=backend)["c"]
+    assert pick.run(1e-6, backend=backend)["c"] == best  # a tiny temperature is the argmax
+    state = pick.run(1.0, backend=backend)
+    meta = state.get_meta_info("c")
+    scores = meta["normalized_prompt_logprobs"]
+    expect = [math.exp(v - max(scores)) for v in scores]
+    assert meta["choice_probs"] == pytest.approx([e / sum(expect) for e in expect])
+    random.seed(7)
+    drawn = {pick.run(1000.0, backend=backend)["c"] for _ in range(24)}  # near-uniform: all three come up
+    assert drawn == set(choices)
+    random.seed(3)
+    first = [pick.run(2.0, backend=backend)["c"] for _ in range(5)]
+    random.seed(3)
+    assert [pick.run(2.0, backend=backend)["c"] for _ in range(5)] == first  # seeded: the same draws
+    with pytest.raises(ValueError, match="greedy_token_selection"):
+        sgl.select("c", choices=choices, temperature=0.5, choices_method="greedy_token_selection")
+    with pytest.raises(ValueError, match=">= 0"):
+        sgl.select("c", choices=choices, temperature=-1)
