@@ -17,19 +17,24 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
+import json
 import logging
+import os
 import queue
 import sys
+import tempfile
 import threading
 import time
 import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from sgnb.engine import server_args
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus, wait_slice
 from sgnb.engine.media import is_pad
@@ -57,6 +62,22 @@ class EngineError(RuntimeError):
     """The engine can no longer serve (its scheduler thread died)."""
 
 
+def _template_file(spec: str) -> str:
+    """The Jinja text of a chat template given as a file (SGLang's `chat_template=` path; a .json file holds
+    {"chat_template": ...}). ValueError naming the value otherwise."""
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ValueError(f"chat_template={spec!r}: no such file; give a Jinja template file (.jinja) or a JSON "
+                         'file with "chat_template"')
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        template = json.loads(text).get("chat_template")
+        if not isinstance(template, str):
+            raise ValueError(f"chat_template={spec!r}: the JSON file has no \"chat_template\" string")
+        return template
+    return text
+
+
 class _Phases:
     """`with phases(key, label):` times one phase of the engine's start into `durations[key]` and tells
     `progress(label, None)` when it begins, `progress(label, seconds)` when it ends."""
@@ -79,11 +100,23 @@ class _Phases:
 class Engine:
     def __init__(self, model_path: str = "smollm2", *, progress: Callable[[str, float | None], None] | None = None,
                  **kwargs: Any) -> None:
-        """`progress(label, seconds)` hears of each phase of the start (finding the model, the tokenizer, the
+        """`kwargs` are EngineConfig's options, which take SGLang's server argument names (mem_fraction_static,
+        context_length, tp_size, ...); also SGLang's `log_level` (the sgnb loggers' level), `chat_template` (a
+        Jinja file for the tokenizer's template) and `served_model_name` (`model_name`). Other SGLang server
+        arguments are accepted with one warning naming them; anything else is refused as unknown.
+
+        `progress(label, seconds)` hears of each phase of the start (finding the model, the tokenizer, the
         weights and KV cache, warming the kernels): seconds None when it begins, its duration when it ends.
         The durations stay in `load_phases` ({"model", "tokenizer", "weights", "warmup", and "decode_graphs" /
         "extend_graphs" for the CUDA graphs' share of "weights": seconds})."""
+        log_level = kwargs.pop("log_level", None)
+        chat_template = kwargs.pop("chat_template", None)
+        self.served_model_name: str | None = kwargs.pop("served_model_name", None)
+        kwargs, ignored = server_args.split(kwargs, EngineConfig)
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        server_args.warn_ignored(ignored, "Engine(...)")
+        if log_level is not None:
+            logging.getLogger("sgnb").setLevel(str(log_level).upper())
         t0 = time.perf_counter()
         self.load_phases: dict[str, float] = {}
         phase = _Phases(self.load_phases, progress)
@@ -91,6 +124,8 @@ class Engine:
             self.source = resolve_model(self.config.model_path, self.config.cache_dir)
         with phase("tokenizer", "loading the tokenizer"):
             self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
+            if chat_template is not None:
+                self.tokenizer.chat_template = _template_file(chat_template)
         self.vision = getattr(self.source.config, "vision", None)  # None for text-only models
         if self.vision is not None:
             if self.config.tp_size > 1 or self.config.tp_workers:
@@ -168,7 +203,7 @@ class Engine:
 
     @property
     def model_name(self) -> str:
-        return self.source.name
+        return self.served_model_name or self.source.name
 
     def grammar_backend(self) -> Any:
         """The structured-output compiler (xgrammar), made on first use: unconstrained work never loads it."""
@@ -813,6 +848,52 @@ class Engine:
             self._finalizer()
             if self._grammar_backend is not None:
                 self._grammar_backend.close()
+
+    # ---- the rest of SGLang's offline Engine --------------------------------------------------------------
+    def get_server_info(self) -> dict[str, Any]:
+        """As SGLang's: the engine's settings (its server arguments), the running state and the version."""
+        from sgnb import __version__
+
+        settings = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "extra"}
+        return {**settings, "served_model_name": self.model_name, "version": __version__,
+                "internal_states": [self.get_stats()]}
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer as transformers loads it (what SGLang's get_tokenizer returns)."""
+        from transformers import AutoTokenizer
+
+        if self.tokenizer.directory is None:
+            raise ValueError("this engine's tokenizer was not read from a directory transformers can load")
+        return AutoTokenizer.from_pretrained(str(self.tokenizer.directory))
+
+    def encode(self, prompt: Any, **kwargs: Any) -> Any:
+        """SGLang's embedding call, for embedding models: none of the models sgnb runs is one, so this says so."""
+        raise ValueError(f"{self.model_name} is a generative model: encode() (embeddings) needs an embedding model, "
+                         "which sgnb does not run")
+
+    def start_profile(self, output_dir: str | None = None, with_stack: bool = False) -> None:
+        """Start torch's profiler over the engine's work (CPU ops of every thread; CUDA kernels on a GPU) until
+        `stop_profile()`, which writes a Chrome trace into `output_dir` (default: $SGLANG_TORCH_PROFILER_DIR,
+        else the temporary directory)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if getattr(self, "_profiler", None) is not None:
+            raise RuntimeError("a profile is already running: stop_profile() first")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.runner.device.type == "cuda" else [])
+        self._profiler: Any = profile(activities=activities, with_stack=with_stack, record_shapes=True)
+        self._profile_dir = output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
+        self._profiler.start()
+
+    def stop_profile(self) -> str:
+        """Stop the profiler `start_profile()` started; returns the path of the Chrome trace it wrote."""
+        profiler, self._profiler = getattr(self, "_profiler", None), None
+        if profiler is None:
+            raise RuntimeError("no profile is running: start_profile() first")
+        profiler.stop()
+        path = Path(self._profile_dir) / f"sgnb-trace-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(path))
+        return str(path)
 
     def __enter__(self) -> Engine:
         return self

@@ -50,6 +50,7 @@ class Tokenizer:
         self._add_bos = add_bos_token
         self._chat_template = chat_template
         self._compiled_template: Any = None
+        self.directory: Path | None = None  # the HF-format directory it was read from (from_dir)
 
         self._bos_id = self._id_of(bos_token) if bos_token is not None else None
         eos_ids = [self._id_of(t) for t in eos_tokens] + [int(i) for i in extra_eos_token_ids]
@@ -99,7 +100,7 @@ class Tokenizer:
             probe = tokenizer.encode("a", add_special_tokens=True).ids
             add_bos = bos_token is not None and probe[:1] == [tokenizer.token_to_id(bos_token)]
         eos_token = _token_str(cfg.get("eos_token"))
-        return cls(
+        tok = cls(
             tokenizer,
             bos_token=bos_token,
             eos_tokens=() if eos_token is None else (eos_token,),
@@ -109,6 +110,8 @@ class Tokenizer:
             add_bos_token=bool(add_bos),
             chat_template=chat_template,
         )
+        tok.directory = path  # where it came from: what get_tokenizer() loads with transformers
+        return tok
 
     def _id_of(self, token: str) -> int:
         token_id = self._tk.token_to_id(token)
@@ -139,6 +142,11 @@ class Tokenizer:
     @property
     def chat_template(self) -> str | None:
         return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        """Replace the chat template (Jinja text): what `Engine(chat_template=FILE)` does."""
+        self._chat_template, self._compiled_template = template, None
 
     @property
     def add_bos_token(self) -> bool:

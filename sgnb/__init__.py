@@ -108,12 +108,19 @@ def load_notebook(path: str, name: str | None = None) -> Any:
     return load(path, name)
 
 
-def flush_cache(backend: Backend | None = None) -> bool:
-    """Empty the backend's prefix cache."""
+def flush_cache(backend: Backend | None = None) -> bool | None:
+    """Empty the backend's prefix cache. As SGLang's: None once asked, False when there is no backend; a cache
+    the backend could not flush (requests in flight, an API backend) is said in a warning (`backend.flush_cache()`
+    itself returns whether it was flushed)."""
     b = backend or get_default_backend()
     if b is None:
-        raise RuntimeError("no backend: call sgnb.set_default_backend(...) first")
-    return b.flush_cache()
+        return False
+    if not b.flush_cache():
+        import warnings
+
+        warnings.warn(f"sgnb: {type(b).__name__} did not flush its cache (requests in flight, or it has none)",
+                      stacklevel=2)
+    return None
 
 
 def get_server_info(backend: Backend | None = None) -> dict:

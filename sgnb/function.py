@@ -8,7 +8,8 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,16 +35,43 @@ def get_default_backend() -> Backend | None:
 
 
 class GlobalConfig:
-    """`sgl.global_config`, as SGLang programs use it: `default_backend` is the backend set_default_backend sets
-    (reading and assigning it are the same as get_default_backend / set_default_backend)."""
+    """`sgl.global_config`, SGLang's process-wide frontend settings, honoured where they mean something here:
+
+    - `default_backend`: the backend set_default_backend sets (reading and assigning it are the same as
+      get_default_backend / set_default_backend);
+    - `verbosity`: 2 or more prints each run_batch program's text when it ends (SGLang's level for that);
+    - `skip_special_tokens_in_output`: False keeps special tokens in generated text (in-process and remote);
+    - `enable_precache_with_tracing`: False stops run_batch from caching the programs' traced prefix first;
+    - `spaces_between_special_tokens_in_out`, `enable_parallel_encoding`: accepted, with a warning that they
+      change nothing here (the detokenizer puts no spaces between special tokens; a join's branches share
+      their KV through the radix cache either way).
+    Any other name is set as on a plain object, with a warning (SGLang's GlobalConfig has no such setting)."""
+
+    _MEANINGLESS = {"spaces_between_special_tokens_in_out": "the detokenizer puts no spaces between special tokens",
+                    "enable_parallel_encoding": "a join's branches share their KV through the radix cache either way"}
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "verbosity", 0)
+        object.__setattr__(self, "skip_special_tokens_in_output", True)
+        object.__setattr__(self, "spaces_between_special_tokens_in_out", True)
+        object.__setattr__(self, "enable_precache_with_tracing", True)
+        object.__setattr__(self, "enable_parallel_encoding", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "default_backend":
+            set_default_backend(value)
+            return
+        if name in self._MEANINGLESS:
+            warnings.warn(f"sgnb: global_config.{name} changes nothing here: {self._MEANINGLESS[name]}",
+                          stacklevel=2)
+        elif not hasattr(self, name):
+            warnings.warn(f"sgnb: global_config.{name} is no setting of SGLang's or sgnb's; it is stored but "
+                          "nothing reads it", stacklevel=2)
+        object.__setattr__(self, name, value)
 
     @property
     def default_backend(self) -> Backend | None:
         return get_default_backend()
-
-    @default_backend.setter
-    def default_backend(self, backend: Backend | None) -> None:
-        set_default_backend(backend)
 
 
 global_config = GlobalConfig()
@@ -92,7 +120,7 @@ class SglFunction:
         keyword defaults are DEFAULT_PARAMS' values; tests/lang/test_sampling_names.py checks that)."""
         return GenParams.from_keywords(keywords).merged(DEFAULT_PARAMS)
 
-    def run(self, *args: Any, max_new_tokens: int = 128, stop: Any = None, stop_token_ids: Any = None,
+    def run(self, *args: Any, max_new_tokens: int = 128, n: int = 1, stop: Any = None, stop_token_ids: Any = None,
             stop_regex: Any = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
             min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
             ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
@@ -160,7 +188,8 @@ class SglFunction:
         await asyncio.to_thread(state.executor.sync)
         return state
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, max_new_tokens: int = 128, stop: Any = None,
+    def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[list[Any]], *, max_new_tokens: int = 128,
+                  n: int = 1, stop: Any = None,
                   stop_token_ids: Any = None, stop_regex: Any = None, temperature: float = 1.0, top_p: float = 1.0,
                   top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
                   presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: bool | None = None,
@@ -168,24 +197,26 @@ class SglFunction:
                   return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False, frontend_hints: bool = True,
                   subscribers: list[Callable[[dict], None]] | None = None,
-                  stream: bool | None = None) -> list[ProgramState]:
+                  stream: bool | None = None, generator_style: bool = False) -> Any:
         """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
         (its state's error() tells). With frontend_hints, the program's constant prefix is traced and cached
         first, so the batch shares it from the start. In a notebook, with no subscribers given, a live table
         of the programs (arguments, variables, status, progress) is displayed (instead of the progress bar).
         `stream`: gens stream token by token to the subscribers and the table (default: when the table is
-        shown)."""
-        if not isinstance(batch_kwargs, list):
-            raise TypeError("run_batch takes a list of argument dicts")
+        shown). As in SGLang, each item is a dict of arguments or a list of them by position; with
+        `generator_style=True` the states come one by one, in batch order, as each finishes (a generator)."""
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of argument dicts (or of positional argument lists)")
         backend = _resolve_backend(backend)
         defaults = self._defaults(locals())
-        all_args = [self._bind_args((), kw) for kw in batch_kwargs]
-        if frontend_hints and len(all_args) > 1:
-            prefix = self.constant_prefix(backend)
-            if prefix:
-                backend.cache_prefix(prefix)
-        if num_threads == "auto":
-            num_threads = max(1, min(len(all_args), 4 * (os.cpu_count() or 1), 64))
+        all_args = [self._bind_args(tuple(kw), {}) if isinstance(kw, (list, tuple)) else self._bind_args((), kw)
+                    for kw in batch_kwargs]
+        if generator_style:
+            return self._batch_generator(all_args, backend, defaults, num_threads, progress_bar, frontend_hints,
+                                         subscribers, bool(stream))
+        if frontend_hints and global_config.enable_precache_with_tracing and len(all_args) > 1:
+            self.cache(backend)
+        num_threads = _thread_count(num_threads, len(all_args))
         view = None if subscribers else _batch_view(self.__name__, all_args)
         streamed = view is not None if stream is None else bool(stream)
         bar = None
@@ -207,6 +238,8 @@ class SglFunction:
             if cancelled.is_set():
                 state.abort()
             state.error()  # wait for it to finish (errors stay in the state)
+            if global_config.verbosity >= 2:  # SGLang's level for printing each batch program's text
+                print(state.executor.text_)
             if bar is not None:
                 bar.update(1)
             return state
@@ -228,6 +261,61 @@ class SglFunction:
         pool.shutdown()
         return states  # type: ignore[return-value]
 
+    def _batch_generator(self, all_args: list[dict[str, Any]], backend: Backend, defaults: GenParams,
+                         num_threads: int | str, progress_bar: bool, frontend_hints: bool,
+                         subscribers: list[Callable[[dict], None]] | None, stream: bool) -> Iterator[ProgramState]:
+        """run_batch(generator_style=True): the programs run as run_batch runs them; each state is yielded, in
+        batch order, once it has finished. Closing the generator early (or an interrupt) aborts the rest."""
+        if frontend_hints and global_config.enable_precache_with_tracing and len(all_args) > 1:
+            self.cache(backend)
+        threads = _thread_count(num_threads, len(all_args))
+        bar = None
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(all_args), desc=self.__name__)
+
+        cancelled = threading.Event()
+        live: list[ProgramState] = []
+
+        def one(arguments: dict[str, Any]) -> ProgramState | None:
+            if cancelled.is_set():
+                return None
+            state = self._run(backend, arguments, defaults, stream, True, list(subscribers or []))
+            live.append(state)
+            if cancelled.is_set():
+                state.abort()
+            state.error()  # wait for it to finish (errors stay in the state)
+            if global_config.verbosity >= 2:  # SGLang's level for printing each batch program's text
+                print(state.executor.text_)
+            return state
+
+        pool = ThreadPoolExecutor(threads)
+        futures = [pool.submit(one, a) for a in all_args]
+        try:
+            for future in futures:
+                state = future.result()
+                if bar is not None:
+                    bar.update(1)
+                yield state  # type: ignore[misc]
+        finally:  # closed early or interrupted: what has not finished is aborted
+            cancelled.set()
+            for state in list(live):
+                if not state.executor.done:
+                    state.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
+            if bar is not None:
+                bar.close()
+
+    def cache(self, backend: Backend | None = None) -> str:
+        """Cache the program's constant prefix (the text every run starts with, found by tracing) in the
+        backend ahead of the runs, as SGLang's `cache()` does. Returns that prefix ("" when there is none)."""
+        backend = _resolve_backend(backend)
+        prefix = self.constant_prefix(backend)
+        if prefix:
+            backend.cache_prefix(prefix)
+        return prefix
+
     # ---- tracing -----------------------------------------------------------------------------------------
     def trace(self, backend: Backend | None = None, **kwargs: Any) -> TracedProgram:
         """Run the body without a model: arguments and variables are placeholders. Returns the IR nodes."""
@@ -245,9 +333,22 @@ class SglFunction:
 
 @dataclasses.dataclass
 class TracedProgram:
+    """What `fn.trace()` records: the program's nodes in order, flattened as SGLang's TracerProgramState lists
+    them (one node per text, role boundary, gen, select, image ...; no sequences), and the constant prefix.
+    Unlike SGLang's, role boundaries stay RoleBegin / RoleEnd nodes (the chat template renders them when the
+    program runs, on whichever backend) and an argument is a placeholder inside its text node, not a node of
+    its own; so the counts differ where a program has roles or arguments."""
+
     name: str
     nodes: list[ir.Node]
     constant_prefix: str
+
+
+def _thread_count(num_threads: int | str, programs: int) -> int:
+    """run_batch's threads: "auto" is one per program up to 4 per core and 64 in all."""
+    if num_threads == "auto":
+        return max(1, min(programs, 4 * (os.cpu_count() or 1), 64))
+    return int(num_threads)
 
 
 def _batch_view(name: str, all_args: list[dict[str, Any]]) -> Any:

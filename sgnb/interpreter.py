@@ -189,6 +189,11 @@ class StreamExecutor:
             self.worker = threading.Thread(target=self._work, name=f"sgnb-program-{self.id}", daemon=True)
             self.worker.start()
 
+    @property
+    def variable_event(self) -> defaultdict[str, threading.Event]:
+        """SGLang's name for `var_events` (one Event per variable, set once it has its value)."""
+        return self.var_events
+
     # ---- submission -----------------------------------------------------------------------------------
     def submit(self, node: ir.Node) -> None:
         names = _names_set_by(node)

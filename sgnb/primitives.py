@@ -6,6 +6,7 @@ Each returns IR nodes; values are checked here, at the user's line, before anyth
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from sgnb import ir
@@ -16,6 +17,7 @@ from sgnb.tools import ToolPlan, ToolSpecError, tool_plan
 from sgnb.user_code import user_location
 
 _DTYPES = (int, float, str, bool)
+_DTYPE_NAMES = {t.__name__: t for t in _DTYPES}
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
@@ -48,9 +50,11 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if choices is not None:
         if plan is not None:
             raise ValueError("gen(choices=...) is a select: it cannot call tools")
-        return select(name, choices, temperature or 0.0, choices_method or "token_length_normalized")
+        return select(name, choices, temperature or 0.0, choices_method or token_length_normalized)
+    if isinstance(dtype, str) and dtype in _DTYPE_NAMES:  # SGLang takes the types' names too
+        dtype = _DTYPE_NAMES[dtype]
     if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"gen(dtype=...) takes one of int, float, str, bool; got {dtype!r}")
+        raise ValueError(f"gen(dtype=...) takes one of int, float, str, bool (or their names); got {dtype!r}")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"gen(n=...) must be an int >= 1, got {n!r}")
     params = GenParams.from_keywords({**keywords, "n": None if n == 1 else n}, GEN_NAMES)  # n=1: the default
@@ -87,6 +91,21 @@ greedy_token_selection = "greedy_token_selection"
 unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
 
 
+def _method_name(method: Any) -> str:
+    """A choices method by its name, or SGLang's object for it (`sglang.lang.choices.token_length_normalized`,
+    an instance of TokenLengthNormalized, ...): its class name in snake case. ValueError for anything else."""
+    if isinstance(method, str):
+        name = method
+    else:
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(method).__name__).lower()
+        if name not in SCORING_METHODS:
+            raise ValueError(f"choices_method {type(method).__name__} is not one of SGLang's three methods, which "
+                             f"are what the backends score with: {SCORING_METHODS}")
+    if name not in SCORING_METHODS:
+        raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {method!r}")
+    return name
+
+
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Node:
     return gen(name, dtype=int, **kwargs)
 
@@ -96,7 +115,7 @@ def gen_string(name: str | None = None, **kwargs: Any) -> ir.Node:
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: str = "token_length_normalized") -> ir.Node:
+           choices_method: Any = "token_length_normalized") -> ir.Node:
     """Choose one of `choices` by the model's likelihood of each continuation: the best-scored one, or with
     `temperature` > 0 one drawn with probabilities softmax(score / temperature) over the method's per-choice
     scores (the normalized logprobs; for unconditional_likelihood_normalized, those less the unconditional
@@ -106,8 +125,7 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
         raise ValueError("select(choices=...) needs a non-empty list of strings")
     if len(set(choices)) != len(choices):
         raise ValueError("select choices must be distinct")
-    if choices_method not in SCORING_METHODS:
-        raise ValueError(f"choices_method must be one of {SCORING_METHODS}, got {choices_method!r}")
+    choices_method = _method_name(choices_method)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"select temperature must be a number >= 0, got {temperature!r}")
     if temperature > 0 and choices_method == "greedy_token_selection":

@@ -116,8 +116,8 @@ def _schema_to_str(schema: Any) -> str:
 
 
 # a program's defaults: run()'s and run_batch()'s keyword defaults (SGLang's), which a gen's values override
-DEFAULT_PARAMS = GenParams(max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0,
-                           presence_penalty=0.0, ignore_eos=False)
+DEFAULT_PARAMS = GenParams(max_new_tokens=128, n=1, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0,
+                           frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False)
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams) if f.name not in REPORTING)
 """GenParams' sampling values: the SamplingParams fields a gen can set (tests check that they are)."""

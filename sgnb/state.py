@@ -82,8 +82,17 @@ class ProgramState:
         children = self.executor.fork(size)
         return ProgramStateGroup([ProgramState(c) for c in children], self)
 
-    def copy(self) -> ProgramState:
-        return self.fork(1)[0]
+    def copy(self, position_ids_offset: Any = None) -> CopiedState:
+        """A branch of this state (a fork of one). Used as SGLang documents it, `with s.copy() as c: c += ...`,
+        it is joined back when the block ends: the variables it set become one-item lists in this state."""
+        copied = CopiedState(self.executor.fork(1)[0])
+        copied.group = ProgramStateGroup([copied], self)
+        return copied
+
+    @property
+    def stream_executor(self) -> StreamExecutor:
+        """SGLang's name for the state's executor (`s.stream_executor.variables`, `.variable_event`, ...)."""
+        return self.executor
 
     # ---- reading ----------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -187,6 +196,22 @@ class ProgramState:
     def __repr__(self) -> str:
         exe = self.executor
         return f"ProgramState({exe.id}, text={exe.text_[-60:]!r}, vars={sorted(exe.variables)})"
+
+
+class CopiedState(ProgramState):
+    """What `s.copy()` returns: a branch, and SGLang's context manager that joins it back (gather_variable) when
+    its `with` block ends without an error (with one, the branch just ends)."""
+
+    group: ProgramStateGroup
+
+    def __enter__(self) -> CopiedState:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None:
+            self.group.join()
+        else:
+            self.executor.end()
 
 
 class ProgramStateGroup:

@@ -116,4 +116,4 @@ def trace_program(function: Any, backend: Backend | None, kwargs: dict[str, Any]
         state.ret_value = function.func(state, **arguments)
     except _StopTrace:
         pass
-    return TracedProgram(function.__name__, state.executor.nodes, state.executor.text_)
+    return TracedProgram(function.__name__, _flatten(state.executor.nodes), state.executor.text_)

@@ -49,6 +49,18 @@ class Usage(dict):
             for key, value in counts.items():
                 self[key] += value
 
+    def reset(self) -> None:
+        """Every count back to 0 (SGLang's TokenUsage.reset)."""
+        with self._lock:
+            for key in self:
+                self[key] = 0
+
+    def __getattr__(self, name: str) -> int:  # usage.prompt_tokens, as SGLang's TokenUsage reads
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
 
 def token_counts(usage: Any, prompt: str = "prompt_tokens", completion: str = "completion_tokens") -> dict[str, int]:
     """prompt_tokens / completion_tokens of an SDK's usage object (its attribute names given), 0 when absent."""

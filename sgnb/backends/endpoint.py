@@ -26,6 +26,7 @@ import requests
 
 from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
+from sgnb.backends.runtime import with_global_sampling
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
 from sgnb.engine.scoring import start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
@@ -139,7 +140,8 @@ class RuntimeEndpoint(Backend):
             self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}, **_media_fields(images or [])})
 
     def _payload(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
-        data: dict[str, Any] = {"text": ctx.text, "sampling_params": params.sampling_dict(), "rid": ctx.rid}
+        data: dict[str, Any] = {"text": ctx.text, "sampling_params": with_global_sampling(params.sampling_dict()),
+                                "rid": ctx.rid}
         for key in REPORTING:
             value = getattr(params, key)
             if value is not None:

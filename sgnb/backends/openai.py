@@ -98,6 +98,11 @@ class OpenAI(Backend):
         openai.OpenAI's (which it is here)."""
         return self._openai.OpenAI(api_key=api_key, **client_kwargs)
 
+    @property
+    def token_usage(self) -> Usage:
+        """SGLang's name for `usage`: `.prompt_tokens`, `.completion_tokens`, `.reset()`."""
+        return self.usage
+
     def get_model_name(self) -> str:
         return self.model
 

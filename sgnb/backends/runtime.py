@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import warnings
+from collections.abc import AsyncIterator, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -13,9 +15,21 @@ from sgnb.sampling import GenParams
 
 
 class Runtime(Backend):
-    """`Runtime(model_path="smollm2", **engine_options)` or `Runtime(engine=existing_engine)`."""
+    """`Runtime(model_path="smollm2", **engine_options)` or `Runtime(engine=existing_engine)`: the in-process
+    engine as a program backend, and SGLang's `Runtime` for a script written for it.
 
-    def __init__(self, model_path: str = "smollm2", engine: Any = None, **engine_kwargs: Any) -> None:
+    The options are the engine's (SGLang's server argument names: mem_fraction_static, context_length, ...,
+    log_level, chat_template; see `sgnb.Engine`). `port` / `host` are where `rt.url` / `rt.endpoint` serve the
+    engine over HTTP (`sgnb serve`, started on first use: there is no server to wait for in-process, so
+    SGLang's `launch_timeout` changes nothing). SGLang's Runtime calls work: `rt.generate(prompt,
+    sampling_params)` (a JSON string, as SGLang's), `rt.async_generate`, `rt.encode`, `rt.get_tokenizer()`,
+    `rt.start_profile()` / `rt.stop_profile()`, `rt.shutdown()`."""
+
+    def __init__(self, model_path: str = "smollm2", engine: Any = None, *, port: int | None = None,
+                 host: str = "127.0.0.1", **engine_kwargs: Any) -> None:
+        if engine_kwargs.pop("launch_timeout", None) is not None:
+            warnings.warn("sgnb: Runtime(launch_timeout=...) changes nothing: the engine runs in this process",
+                          stacklevel=2)
         if engine is None:
             from sgnb.engine import Engine
 
@@ -23,6 +37,51 @@ class Runtime(Backend):
         elif engine_kwargs:
             raise TypeError("give either engine= or engine options, not both")
         self.engine = engine
+        self._serve_at = (host, port)
+        self._server: Any = None
+        self._endpoint: Any = None
+
+    # ---- SGLang's Runtime ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The engine over HTTP (`sgnb serve` on host:port, started on first use; a free port when none given)."""
+        if self._server is None:
+            from sgnb.server import start_server_thread
+
+            host, port = self._serve_at
+            self._server = start_server_thread(self.engine, host, 0 if port is None else port)
+        return self._server.url
+
+    @property
+    def endpoint(self) -> Any:
+        """A RuntimeEndpoint over `url` (as SGLang's Runtime has one)."""
+        if self._endpoint is None:
+            from sgnb.backends.endpoint import RuntimeEndpoint
+
+            self._endpoint = RuntimeEndpoint(self.url)
+        return self._endpoint
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    def encode(self, prompt: Any) -> str:
+        return json.dumps(self.engine.encode(prompt))
+
+    def start_profile(self) -> None:
+        self.engine.start_profile()
+
+    def stop_profile(self) -> str:
+        return self.engine.stop_profile()
+
+    async def async_generate(self, prompt: str, sampling_params: dict | None = None,
+                             session_id: str | None = None) -> AsyncIterator[str]:
+        """SGLang's: the generated text, piece by piece, as it comes."""
+        _no_sessions(session_id)
+        async for chunk in await self.engine.async_generate(prompt, sampling_params, stream=True):
+            if chunk["text"]:
+                yield chunk["text"]
+
+    add_request = async_generate
 
     def get_model_name(self) -> str:
         return self.engine.model_name
@@ -53,13 +112,24 @@ class Runtime(Backend):
             self.engine.generate(prefix, {"max_new_tokens": 0}, **_media_kw(images or []))
 
     def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
-        return dict(prompt=ctx.text, sampling_params=params.sampling_dict(), rid=ctx.rid,
+        return dict(prompt=ctx.text, sampling_params=with_global_sampling(params.sampling_dict()), rid=ctx.rid,
                     return_logprob=bool(params.return_logprob),
                     logprob_start_len=params.logprob_start_len if params.logprob_start_len is not None else -1,
                     top_logprobs_num=params.top_logprobs_num or 0,
                     return_text_in_logprobs=bool(params.return_text_in_logprobs), **_media_kw(ctx.images))
 
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: Any, params: Any = None, return_logprob: Any = False, logprob_start_len: Any = None,
+                 top_logprobs_num: Any = None, lora_path: Any = None, session_id: Any = None) -> Any:
+        """The backend call `generate(ctx, params)` a program makes; or SGLang's `rt.generate(prompt,
+        sampling_params, ...)`, which returns the engine's result as a JSON string (as SGLang's Runtime does)."""
+        if not isinstance(ctx, GenContext):
+            if lora_path is not None:
+                raise ValueError("Runtime.generate(lora_path=...): sgnb runs no LoRA adapters")
+            _no_sessions(session_id)
+            out = self.engine.generate(ctx, params, return_logprob=return_logprob,
+                                       logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                                       top_logprobs_num=top_logprobs_num or 0)
+            return json.dumps(out)
         out = self.engine.generate(**self._request(ctx, params))
         _raise_if_aborted(out["meta_info"], out["text"])
         return out["text"], self._with_tokens(out["meta_info"], out["output_ids"])
@@ -103,7 +173,25 @@ class Runtime(Backend):
         return {"backend": "Runtime", **self.engine.get_stats()}
 
     def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
         self.engine.shutdown()
+
+
+def _no_sessions(session_id: Any) -> None:
+    if session_id is not None:
+        raise ValueError("session_id: sgnb keeps no sessions; the radix cache reuses a conversation's prefix anyway")
+
+
+def with_global_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
+    """A request's sampling values with what `sgl.global_config` sets for every request (as SGLang's backends
+    send it): skip_special_tokens_in_output=False keeps special tokens in the text."""
+    from sgnb.function import global_config
+
+    if not global_config.skip_special_tokens_in_output:
+        return {**sampling, "skip_special_tokens": False}
+    return sampling
 
 
 def _media_kw(media: list[Media]) -> dict[str, Any]:

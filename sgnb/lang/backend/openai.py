@@ -1,0 +1,5 @@
+"""sglang.lang.backend.openai: sgnb's OpenAI."""
+
+from sgnb.backends.openai import OpenAI
+
+__all__ = ["OpenAI"]

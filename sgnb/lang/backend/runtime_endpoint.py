@@ -1,0 +1,5 @@
+"""sglang.lang.backend.runtime_endpoint: sgnb's RuntimeEndpoint."""
+
+from sgnb.backends.endpoint import RuntimeEndpoint
+
+__all__ = ["RuntimeEndpoint"]
