@@ -47,6 +47,12 @@ class GlobalConfig:
       their KV through the radix cache either way).
     Any other name is set as on a plain object, with a warning (SGLang's GlobalConfig has no such setting)."""
 
+    verbosity: int
+    skip_special_tokens_in_output: bool
+    spaces_between_special_tokens_in_out: bool
+    enable_precache_with_tracing: bool
+    enable_parallel_encoding: bool
+
     _MEANINGLESS = {"spaces_between_special_tokens_in_out": "the detokenizer puts no spaces between special tokens",
                     "enable_parallel_encoding": "a join's branches share their KV through the radix cache either way"}
 
@@ -171,7 +177,7 @@ class SglFunction:
                 for branch in (exe, *exe.descendants()):
                     branch.abort()
                 exe.end()
-                e.program_state = state  # type: ignore[attr-defined] (the caller may keep the state)
+                e.program_state = state  # type: ignore[attr-defined]  # (the caller may keep the state)
                 raise
         state.executor.end()  # the body may have continued the state (a new executor) if it ended early
         return state

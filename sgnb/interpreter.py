@@ -383,7 +383,9 @@ class StreamExecutor:
     def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
         # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
         # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
-        pieces, meta, held, held_meta = [], {}, "", {}
+        pieces: list[str] = []
+        meta: dict[str, Any] = {}
+        held, held_meta = "", meta
         try:
             for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
                 pieces.append(piece)
@@ -412,6 +414,7 @@ class StreamExecutor:
             return self.text_[begin:], {**meta, "tool_calls": calls}
         sp = dataclasses.asdict(params)
         used, first = 0, None
+        opened: str | None
         if plan.mode == "required":
             opened = "tagged"
         else:
@@ -706,7 +709,7 @@ def _describe(error: BaseException, where: str | None) -> str:
 
 def _sampling(values: dict[str, Any]) -> GenParams:
     """GenParams of a tool plan's sampling values (its lists as tuples)."""
-    return GenParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return GenParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})  # type: ignore[arg-type]
 
 
 def _arguments(call: dict[str, Any]) -> Any:

@@ -246,9 +246,9 @@ def data_url(media: Media) -> str:
         mime = mimetypes.guess_type(str(data))[0] or "video/mp4"
         return f"data:{mime};base64," + base64.b64encode(read_file(data, "video")).decode()
     raw = _encoded(data)
-    mime = _mime(raw) if raw is not None else None
-    if raw is not None and mime is not None:
-        return f"data:{mime};base64," + base64.b64encode(raw).decode()
+    sniffed = _mime(raw) if raw is not None else None
+    if raw is not None and sniffed is not None:
+        return f"data:{sniffed};base64," + base64.b64encode(raw).decode()
     return _png_url(open_image(data))
 
 

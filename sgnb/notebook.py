@@ -301,7 +301,7 @@ def add_static_views(nb: Any) -> int:
     for cell in nb.get("cells", []):
         for out in cell.get("outputs", []):
             view = out.get("data", {}).get(WIDGET_VIEW)
-            model = saved.get(view.get("model_id")) if isinstance(view, dict) else None
+            model = saved.get(str(view.get("model_id"))) if isinstance(view, dict) else None
             snapshot = snapshot_html(model.get("state", {})) if isinstance(model, dict) else None
             if snapshot is not None:
                 out["data"]["text/html"] = snapshot
@@ -398,7 +398,7 @@ def _offline_exporter_class() -> type:
         def _extra_loaders_default(self) -> list[Any]:
             return [DictLoader({"sgnb_offline.html.j2": _OFFLINE_TEMPLATE})]
 
-        def from_notebook_node(self, nb: Any, resources: dict[str, Any] | None = None,
+        def from_notebook_node(self, nb: Any, resources: dict[str, Any] | None = None,  # type: ignore[override]
                                **kw: Any) -> tuple[str, dict[str, Any]]:
             import copy
 
