@@ -159,8 +159,8 @@ def test_tool_descriptions_render_as_the_server_renders_them(engine):
 
     mine = prompt.run(backend=sgl.Runtime(engine=engine)).text()
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the weather in Paris?"}]
-    with _Media(engine) as media:
-        theirs, _, _ = _Server(engine, ServerOptions())._render_chat(messages, media, _tool_plan(TOOLS, "auto"))
+    media = _Media(engine)
+    theirs, _, _ = _Server(engine, ServerOptions())._render_chat(messages, media, _tool_plan(TOOLS, "auto"))
     assert mine == theirs
 
 

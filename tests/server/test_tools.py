@@ -200,15 +200,15 @@ def test_fallback_rendering(engine):
 
     routes = _routes_over(engine.tokenizer)
     assert routes._tool_support == (False, True)
-    with _Media(engine) as media:
-        text, _, _ = routes._render_chat(HISTORY, media, _tool_plan(TOOLS, "auto"))
+    media = _Media(engine)
+    text, _, _ = routes._render_chat(HISTORY, media, _tool_plan(TOOLS, "auto"))
     assert text.startswith("<|im_start|>system\nYou can call functions")
     assert '"name": "get_weather"' in text and '"name": "add"' in text  # both schemas listed
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' \
            '</tool_call><|im_end|>' in text
     assert "<|im_start|>tool\n18 C, sunny<|im_end|>" in text
-    with _Media(engine) as media:  # tool_choice none: no tool list, the history still renders
-        text, _, _ = routes._render_chat(HISTORY, media, None)
+    media = _Media(engine)  # tool_choice none: no tool list, the history still renders
+    text, _, _ = routes._render_chat(HISTORY, media, None)
     assert "You can call functions" not in text and "<tool_call>" in text
 
 
@@ -229,8 +229,8 @@ def test_native_template_rendering(engine):
     tok = Tokenizer(engine.tokenizer._tk, chat_template=TOOLS_TEMPLATE)
     routes = _routes_over(tok)
     assert routes._tool_support[0] is True
-    with _Media(engine) as media:
-        text, _, _ = routes._render_chat(HISTORY, media, _tool_plan(TOOLS, "required"))
+    media = _Media(engine)
+    text, _, _ = routes._render_chat(HISTORY, media, _tool_plan(TOOLS, "required"))
     assert text.startswith("<|im_start|>system\nTools: get_weather add<|im_end|>")
     assert 'CALL get_weather {"city": "Paris"}' in text  # arguments parsed from their JSON string
     assert "18 C, sunny (from get_weather, call_1)" in text
