@@ -186,7 +186,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
         d = {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens",
                                                "decode_steps", "prefill_batches", "mixed_batches", "cascade_batches",
                                                "graphed_forwards", "eager_forwards", "eager_forward_seconds",
-                                               "forward_seconds", "decode_seconds", "radix_host_seconds")}
+                                               "forward_seconds", "decode_seconds", "radix_host_seconds",
+                                               "device_seconds", "scheduler_cpu_seconds")}
         phases = {k: round(v - before["phase_seconds"].get(k, 0.0), 3) for k, v in after["phase_seconds"].items()}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
@@ -206,7 +207,16 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   "radix_host_seconds": round(d["radix_host_seconds"], 4),
                   "radix_host_share": round(d["radix_host_seconds"] / wall, 5),
                   # the scheduler thread's wall time by phase (Counters.phases): what a round's host time is made of
+                  # (on a GPU a phase that first reads a device result also waits for the device there)
                   "phase_seconds": phases,
+                  # the device's computing time (engine/device_time.py: CUDA events around forwards, sampling and
+                  # prompt logprobs; on a CPU their wall time) and its share of the wall: 1 - that share is the
+                  # time the device waited for the host
+                  "device_seconds": round(d["device_seconds"], 3),
+                  "device_busy_share": round(d["device_seconds"] / wall, 4),
+                  # the scheduler thread's CPU time: its phases' wall time (less idle) minus this is what it waited
+                  # for, the GIL (program threads, the tokenizer) or a device result
+                  "scheduler_cpu_seconds": round(d["scheduler_cpu_seconds"], 3),
                   # Triton kernel variants compiled while the workload ran (each a compile inside its timing)
                   "triton_compiles": {k: n - variants_before.get(k, 0) for k, n in _triton_variants().items()
                                       if n > variants_before.get(k, 0)},
@@ -460,7 +470,8 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
                 "latency_p99_s", "cache_hit_rate", "prompt_tokens", "prompt_tokens_computed", "generated_tokens",
                 "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
                 "peak_gpu_mb", "eager_forward_seconds", "slowest_forwards", "triton_compiles",
-                "radix_host_seconds", "radix_host_share", "phase_seconds", "runs_programs_per_s")})
+                "radix_host_seconds", "radix_host_share", "device_seconds", "device_busy_share",
+                "scheduler_cpu_seconds", "phase_seconds", "runs_programs_per_s")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]

@@ -828,6 +828,10 @@ class Engine:
             "kv_evictable": self.tree.evictable_size,
             "kv_protected": self.tree.protected_size,
             "radix_host_seconds": self.tree.host_seconds,
+            # the device's computing time (forwards, sampling, prompt logprobs; engine/device_time.py): against
+            # the wall, how much the device waited on the host
+            "device_seconds": s.device_time.collect(),
+            "scheduler_cpu_seconds": c.thread_cpu_seconds,
             "phase_seconds": dict(c.phases),
             "new_token_ratio": s.new_token_ratio,
         }

@@ -46,8 +46,9 @@ _SAMPLING = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
 
 
 @function
-def dspy_call(s: Any, messages: list[dict[str, Any]], n: int, gen_kwargs: dict[str, Any]) -> list[Any]:
-    """One DSPy LM call as an sgnb program: the conversation, then n assistant replies (forks when n > 1)."""
+def dspy_call(s: Any, messages: list[dict[str, Any]], replies: int, gen_kwargs: dict[str, Any]) -> list[Any]:
+    """One DSPy LM call as an sgnb program: the conversation, then `replies` assistant replies (forks when more
+    than one; the name is not `n`, which run() takes as its sampling parameter, as SGLang's does)."""
     for i, m in enumerate(messages):
         role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
         if role is None:
@@ -56,7 +57,7 @@ def dspy_call(s: Any, messages: list[dict[str, Any]], n: int, gen_kwargs: dict[s
         with getattr(s, role)():  # s.user() etc. without content: one message of the appends inside
             for part in _parts(m.get("content"), i):
                 s += part
-    branches = list(s.fork(n)) if n > 1 else [s]
+    branches = list(s.fork(replies)) if replies > 1 else [s]
     for b in branches:
         b += assistant(gen("answer", **gen_kwargs))
     return branches
@@ -168,7 +169,7 @@ class LM(dspy.BaseLM):
         if messages is None:
             messages = [{"role": "user", "content": prompt or ""}]
         n = options.get("n") or 1
-        state = dspy_call.run(messages=list(messages), n=int(n), gen_kwargs=_gen_kwargs(options),
+        state = dspy_call.run(messages=list(messages), replies=int(n), gen_kwargs=_gen_kwargs(options),
                               backend=self.backend)
         state.sync()  # raises the program's error (a bad message, a backend failure)
         branches = state.ret_value

@@ -340,7 +340,7 @@ def test_failure_inside_engine_fails_only_that_request(engine, monkeypatch):
 def test_a_failure_in_sampling_fails_only_its_request(engine, monkeypatch):
     """A batch whose sampling raises (something validation did not foresee, injected here for one request) is
     sampled again request by request: only that request fails; the others decode exactly as they would alone."""
-    import sgnb.engine.scheduler as scheduler_module
+    import sgnb.engine.finishing as scheduler_module  # where the scheduler samples
 
     prompts = [PROMPT, PROMPT + " B", PROMPT + " C"]
     sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -703,3 +703,20 @@ def test_stats_count_eager_forwards_and_name_the_slowest(engine):
     assert any(s["forward"].startswith(f"extend tokens={len(ids)} requests=1 ") for s in slowest) or \
         len(slowest) == 8
     assert all(s["forward"].endswith(" eager") for s in slowest)
+
+
+def test_stats_say_how_long_the_device_computed(engine):
+    """device_seconds (engine/device_time.py: on a CPU the wall time of forwards, sampling and prompt logprobs) and
+    the scheduler thread's CPU time grow with work, and device time stays within the run's wall time."""
+    import time
+
+    before = engine.get_stats()
+    t0 = time.perf_counter()
+    engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    engine.score("The sky is", [" blue", " green"], "token_length_normalized")
+    wall = time.perf_counter() - t0
+    after = engine.get_stats()
+    device = after["device_seconds"] - before["device_seconds"]
+    assert 0 < device <= wall
+    assert device >= 0.5 * (after["forward_seconds"] - before["forward_seconds"])  # the forwards are spans
+    assert after["scheduler_cpu_seconds"] > before["scheduler_cpu_seconds"]

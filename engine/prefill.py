@@ -1,0 +1,269 @@
+"""Prefill rounds of the scheduler (a mixin of Scheduler, on its thread): admission of a prefill batch, attaching
+grammars, the forward of new tokens (chunks of long prompts, media rows, mixed decode riders), prompt logprobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
+from sgnb.engine.forward_batch import BatchSpec
+from sgnb.engine.media import PLACEHOLDER_ID, is_pad
+from sgnb.engine.request import Req, ReqStatus
+from sgnb.engine.schedule_policy import order_waiting
+
+if TYPE_CHECKING:
+    from sgnb.engine.scheduler import Scheduler
+
+log = logging.getLogger("sgnb.engine")
+LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for input logprobs
+
+
+class PrefillRounds:
+    """Scheduler's prefill rounds: `_admit` picks the batch, `_run_prefill` computes it."""
+
+    def _admit(self: Scheduler) -> list[PrefillItem]:
+        """Pick the next prefill batch, lock its prefixes and allocate its KV. Empty when nothing fits."""
+        if not self.waiting and not any(r.status is not ReqStatus.RUNNING for r in self.active):
+            return []
+        running = self._with(ReqStatus.RUNNING)
+        adder = PrefillAdder(self.config, self.kv, self.tree, sum(reserve(r, self.new_token_ratio) for r in running),
+                             self.new_token_ratio)
+        for req in self._with(ReqStatus.EXTENDING):  # jump-forward continuations: they hold their KV already
+            if not adder.add_continuation(req, chunk=False):
+                break
+        chunked = self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new requests
+        stuck = bool(chunked) and not adder.add_continuation(chunked[0], chunk=True)
+        compiling, admitted = False, []
+        for req in [] if stuck else order_waiting(self.config.schedule_policy, self.waiting, self.tree):
+            if adder.full or len(self.active) + len(admitted) >= self.config.max_running_requests:
+                break
+            if req.grammar_future is not None and req.grammar is None and not self._attach_grammar(req):
+                compiling = True
+                continue  # still compiling (or failed)
+            added = adder.add_new(req)
+            if added is Added.STOP:
+                break
+            if added is Added.YES:
+                admitted.append(req)
+                if req.cached_tokens < 0:  # prompt tokens served from the cache or by a request of this batch
+                    # (not a forced opening after the prompt)
+                    req.cached_tokens = min(req.cached_len + req.borrowed, len(req.origin_input_ids))
+                    self.counters.cached_tokens += req.cached_tokens
+        if admitted:
+            ids = {id(r) for r in admitted}
+            self.waiting = [r for r in self.waiting if id(r) not in ids]
+            for r in admitted:
+                r.lpm_hint = None
+            self.active.extend(admitted)
+        for item in adder.items:  # what each request does after this round
+            done = item.req.kv_len + item.extend == item.req.fill_len
+            item.req.status = ReqStatus.RUNNING if done else ReqStatus.CHUNKED
+        if adder.items and running and not self.config.disable_mixed_batches:
+            adder.add_riders(running)
+        if not adder.items and self.waiting and not self.active and not compiling:
+            # nothing runs and nothing will free memory: the head request can never fit
+            req = self.waiting.pop(0)
+            self._fail(req, MemoryError(
+                f"request needs more KV cache than the pool holds ({self.kv_pool.size} tokens)"))
+        return adder.items
+
+    def _attach_grammar(self: Scheduler, req: Req) -> bool:
+        """Give an admitted request its matcher once its grammar compiled; force the grammar's fixed opening
+        (e.g. '{"name": "') into the output before the first prefill."""
+        fut = req.grammar_future
+        if not fut.done():
+            return False
+        try:
+            req.grammar = self.grammar().matcher(fut.result())
+        except Exception as e:
+            self._fail(req, e)
+            return False
+        if not self.config.disable_jump_forward and not req.output_ids:
+            from sgnb.engine.grammar import jump_forward
+
+            jf = jump_forward(req.grammar, [], self.tokenizer, max_growth=req.remaining_new_tokens() - 1)
+            if jf is not None:
+                self._append_forced(req, jf.forced_ids)
+        return True
+
+    def _append_forced(self: Scheduler, req: Req, ids: list[int]) -> None:
+        req.output_ids.extend(ids)
+        req.forced.extend([True] * len(ids))
+        if req.return_logprob:  # not sampled: no distribution was consulted
+            req.output_token_logprobs.extend((None, t) for t in ids)
+            req.output_top_logprobs.extend([None] * len(ids))
+
+    def _run_prefill(self: Scheduler, batch: list[PrefillItem]) -> None:
+        t0 = time.perf_counter()
+        batch, features = self._encode_media(batch)
+        if not batch:
+            return
+        order, groups = self._groups([item.req for item in batch])
+        batch = [batch[i] for i in order]  # requests sharing a cached prefix side by side
+        reqs = [item.req for item in batch]
+        ids: list[int] = []
+        mm_rows: list[int] = []
+        mm_parts: list[torch.Tensor] = []
+        for item in batch:
+            r = item.req
+            lo, hi = r.kv_len, r.kv_len + item.extend
+            for p in r.mm:  # the part of each image inside this chunk: placeholder ids, the features' rows
+                a, b = max(lo, p.offset), min(hi, p.end)
+                if a < b:
+                    mm_rows.extend(range(len(ids) + a - lo, len(ids) + b - lo))
+                    mm_parts.append(features[p.item.hash][a - p.offset: b - p.offset])
+            chunk = r.fill_slice(lo, hi)
+            ids.extend((t if not is_pad(t) else PLACEHOLDER_ID for t in chunk) if r.mm else chunk)
+        spec = BatchSpec(
+            input_ids=ids,
+            out_cache_loc=torch.cat([r.new_slots for r in reqs]),  # type: ignore[misc]
+            req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
+            prefix_lens=[r.kv_len for r in reqs],
+            extend_lens=[item.extend for item in batch],
+            groups=groups,
+            mm_rows=mm_rows or None,
+            mm_embeds=torch.cat(mm_parts) if mm_parts else None,
+        )
+        self._phase("build", t0)
+        hidden = self._forward(spec, reqs)
+        if hidden is None:
+            return
+        t0 = time.perf_counter()
+        self.counters.prefill_batches += 1
+        self.counters.prefill_tokens += spec.num_tokens
+        self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))
+
+        spans = []  # (request, its rows' offset in the batch, extend, start) of those that want prompt logprobs
+        offset = 0
+        for item in batch:
+            if not item.req.input_logprobs_done:
+                spans.append((item.req, offset, item.extend, item.req.kv_len))
+            offset += item.extend
+        try:  # every request's prompt logprobs (a select's choices) in a few batched calls
+            batched = self._prompt_logprobs(spans, hidden)
+        except Exception:
+            batched = None  # each request works out its own below: a failure then fails that request alone
+        to_sample: list[Req] = []
+        rows: list[int] = []
+        offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
+        # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
+        for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
+            r = item.req
+            start = r.kv_len
+            try:
+                if not r.input_logprobs_done:
+                    own = batched if batched is not None else self._prompt_logprobs([(r, offset, item.extend, start)],
+                                                                                    hidden)
+                    tokens, tops = own[id(r)]
+                    r.input_token_logprobs.extend(tokens)
+                    r.input_top_logprobs.extend(tops)
+                r.kv_len = start + item.extend
+                r.new_slots = None
+                if r.borrowed:
+                    self.kv.adopt(r)
+                if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
+                    # end (sharing it mid-request saves no one anything and cost a tree walk per request and
+                    # round); jump-forward still rolls back no further than this extend
+                    r.rollback_floor = r.kv_len
+                elif not item.rider:  # share what is computed (a chunk, or the whole prompt)
+                    self.kv.cache_unfinished(r)
+                if r.kv_len == r.fill_len:
+                    r.input_logprobs_done = True
+                    if r.remaining_new_tokens() <= 0:
+                        self._finish(r, {"type": "length", "length": r.sampling.max_new_tokens})
+                    else:
+                        to_sample.append(r)
+                        rows.append(offset + item.extend - 1)
+            except Exception as e:
+                if r.new_slots is not None:  # its new slots are in its row: count them in before release
+                    r.kv_len = start + item.extend
+                    r.new_slots = None
+                self._fail(r, e)
+        self._phase("cache", t0)
+        if to_sample:
+            self._sample_and_advance(to_sample, hidden, rows)
+        if any(item.rider for item in batch):
+            self.counters.mixed_batches += 1
+            self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
+
+    def _encode_media(self: Scheduler, batch: list[PrefillItem]) -> tuple[list[PrefillItem], dict[str, torch.Tensor]]:
+        """The encoder features of every image / video part this batch computes, by content hash: from the
+        encoder cache, else one encoder pass per distinct item (then cached). A request whose image fails to
+        encode fails alone (its new slots, already in its row, are counted in before release)."""
+        kept, features = [], {}
+        for item in batch:
+            r = item.req
+            lo, hi = r.kv_len, r.kv_len + item.extend
+            try:
+                for p in r.mm:
+                    key = p.item.hash
+                    if p.offset >= hi or p.end <= lo or key in features:
+                        continue
+                    feats = self.encoder_cache.get(key)
+                    if feats is None:
+                        t0 = time.perf_counter()
+                        feats = self.runner.encode(p.item)  # (num_tokens, hidden)
+                        self.counters.encoder_seconds += time.perf_counter() - t0
+                        self.counters.encoded_items += 1
+                        self.encoder_cache.put(key, feats)
+                    features[key] = feats
+            except Exception as e:
+                r.kv_len += item.extend
+                r.new_slots = None
+                self._fail(r, e)
+                continue
+            kept.append(item)
+        return kept, features
+
+    def _prompt_logprobs(self: Scheduler, spans: list[tuple[Req, int, int, int]], hidden: Any) -> dict[int, tuple[list, list]]:
+        """The prompt logprobs (input_token_logprobs, input_top_logprobs entries) each span's request gets from
+        this chunk, by id(req): tokens [logprob_start_len, len) of its prompt, read from hidden rows offset ..
+        offset + extend (positions start ..). All spans' rows go through the LM head, log_softmax and top-k
+        together, LOGITS_CHUNK rows a call, and cross to the host once a chunk (one call a request cost a
+        select's scoring ~1 ms of host time per choice, and a device sync each)."""
+        owners: list[tuple[Req, bool, int]] = []  # (req, whether it gets the (None, first token) entry, rows)
+        rows: list[int] = []
+        targets: list[int] = []
+        for r, offset, extend, start in spans:
+            prompt = r.origin_input_ids
+            s = min(max(r.logprob_start_len, 0), len(prompt) - 1)
+            first, last = max(s - 1, start), min(len(prompt) - 1, start + extend)  # positions q -> token q+1
+            owners.append((r, s == 0 and start == 0, max(0, last - first)))
+            rows.extend(range(first - start + offset, last - start + offset))
+            targets.extend(prompt[first + 1: last + 1])
+        if not owners:
+            return {}
+        k_max = max(r.top_logprobs_num for r, _, _ in owners)
+        table: list[list[float]] = []  # per row: the target's logprob, then k_max top values, then their ids
+        vocab = 0
+        for c in range(0, len(rows), LOGITS_CHUNK):
+            with self.device_time.span():
+                lp = self.runner.logits(hidden, torch.tensor(rows[c: c + LOGITS_CHUNK])).log_softmax(-1)
+                vocab = lp.shape[1]
+                ids = torch.tensor([t if t < vocab else 0 for t in targets[c: c + LOGITS_CHUNK]], device=lp.device)
+                parts = [lp.gather(1, ids.unsqueeze(1))]
+                if k_max:
+                    tv, ti = lp.topk(k_max, dim=-1)
+                    parts += [tv, ti.to(lp.dtype)]  # ids < 2**24: exact in float32
+                chunk = torch.cat(parts, 1)
+            table.extend(chunk.tolist())
+        out: dict[int, tuple[list, list]] = {}
+        at = 0
+        for r, head, n in owners:
+            tokens: list = [(None, r.origin_input_ids[0])] if head else []
+            tops: list = [None] if head else []
+            k = r.top_logprobs_num
+            for row, t in zip(table[at: at + n], targets[at: at + n]):
+                # an image's pad ids are past the vocabulary: no logprob
+                tokens.append((row[0] if t < vocab else None, t))
+                tops.append(list(zip(row[1: 1 + k], (int(i) for i in row[1 + k_max: 1 + k_max + k])))
+                            if k else None)
+            at += n
+            out[id(r)] = (tokens, tops)
+        return out
