@@ -33,7 +33,7 @@ NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed"}
 GEN_OWN = {"name", "dtype", "choices", "choices_method", "tools", "tool_choice"}
 # run()'s arguments that are not sampling values
 RUN_OWN = {"self", "args", "kwargs", "batch_kwargs", "stream", "backend", "use_thread", "subscribers", "num_threads",
-           "progress_bar", "frontend_hints"}
+           "progress_bar", "frontend_hints", "generator_style"}
 
 
 def _keywords(fn, own: set[str]) -> dict[str, inspect.Parameter]:
@@ -84,16 +84,15 @@ def test_run_and_run_batch_take_the_same_sampling_defaults():
 
 
 def test_sglang_names_are_all_taken():
-    """Every sampling keyword of SGLang's gen() and run()/run_batch() is one of ours (run's n aside: a program
-    forks for several samples)."""
+    """Every keyword of SGLang's gen() and run()/run_batch() is one of ours."""
     ir = pytest.importorskip("sglang.lang.ir")
     api = pytest.importorskip("sglang.lang.api")
     assert set(inspect.signature(api.gen).parameters) <= set(inspect.signature(sgl.gen).parameters)
     ours = set(inspect.signature(sgl.SglFunction.run).parameters)
     theirs = set(inspect.signature(ir.SglFunction.run).parameters)
-    assert theirs - ours == {"n"}
+    assert theirs - ours == set()
     theirs_batch = set(inspect.signature(ir.SglFunction.run_batch).parameters)
-    assert theirs_batch - set(inspect.signature(sgl.SglFunction.run_batch).parameters) == {"n", "generator_style"}
+    assert theirs_batch - set(inspect.signature(sgl.SglFunction.run_batch).parameters) == set()
 
 
 class _Recording(Backend):

@@ -236,7 +236,7 @@ def test_the_batch_snapshot_is_the_table():
     assert "2 gens, 7 tokens" in shown and "3.0 s" in shown
     assert shown.count("<tr>") == 1 + 3 and ">q</th>" in shown and ">a</th>" in shown and ">gens</th>" in shown
     assert "&#x27;&lt;b&gt;one&lt;/b&gt;&#x27;" in shown and "<b>one</b>" not in shown
-    assert "<code>Paris &amp; Rome</code>" in shown and ">2/2<" in shown and ">1.2<" in shown
+    assert "<code>Paris &amp; Rome</code>" in shown and ">2/2<" in shown and ">1.25<" in shown
     assert ">done</b>" in shown and ">error</b>" in shown and ">queued</b>" in shown
     error = shown.split("<small")[1]  # the error: cut in the cell, whole in its tooltip
     assert "ValueError: boom &lt;x&gt;" in error and "y" * 300 + '"' in error and "...</small>" in error
