@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sourced by the device-call scripts: install the carried wheels (FlashInfer's JIT wheel, xgrammar, the sgnb wheel
-# built here) into /tmp/site and unpack the carried kernel caches (FlashInfer's JIT builds, Triton's compiles).
+# Sourced by the device-call scripts: install the carried wheels (FlashInfer's JIT wheel, xgrammar, google-re2)
+# into /tmp/site, lay the carried tree out as the `sgnb` package in /tmp/pkg (the folders pyproject.toml maps,
+# linked, so every call runs the tree it carried), and unpack the carried kernel caches.
 #   carry: .whl (the wheels: FlashInfer's set AND xgrammar's, shared/recipes/gpu.md; without xgrammar every constrained
 #   workload fails: 2026-12-02 call 2 lost its suite so) and .gpu (smollm2 tokenizer files, flashinfer-cache.tgz, triton-cache.tgz)
 # A warm machine (the next call within the idle window) keeps /tmp/site and the caches: the same wheels are then
@@ -8,7 +9,9 @@
 # rebuilds every JIT module; call 2 of 2026-12-02 re-installed on the machine whose call 1 had built them, and all
 # of its suite children then timed out at 75 s. On a FRESH machine the carried cache did not spare the build
 # either (call 5: engine warm-up 83.5 s with the cache unpacked and touched): budget ~90 s for it, or run triton.
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/pkg:/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
+rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r sgnb /tmp/pkg/sgnb
+for d in engine kernels kernel_ext widgets; do ln -s "$PWD/$d" "/tmp/pkg/sgnb/$d"; done
 # the commit measured (written here before the call: `git rev-parse --short HEAD > .gpu/commit`); the copy of the tree
 # on the device carries the session's first commit as HEAD and later ones as uncommitted changes
 [ -f .gpu/commit ] && export SGNB_COMMIT=$(cat .gpu/commit)
