@@ -185,6 +185,6 @@ def _overlap_ok(req: Req) -> bool:
     """Whether a request's next token can be sampled before its previous one is on the host: nothing in its
     sampling reads its output so far (a grammar, penalties, a min_new_tokens ban still in force)."""
     sp = req.sampling
-    return (req.grammar is None and sp.repetition_penalty == 1.0 and not sp.frequency_penalty
+    return (req.grammar is None and req.grammar_held is None and sp.repetition_penalty == 1.0 and not sp.frequency_penalty
             and not sp.presence_penalty and len(req.output_ids) >= sp.min_new_tokens)
 

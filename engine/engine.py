@@ -102,7 +102,9 @@ class Engine:
                  **kwargs: Any) -> None:
         """`kwargs` are EngineConfig's options, which take SGLang's server argument names (mem_fraction_static,
         context_length, tp_size, ...); also SGLang's `log_level` (the sgnb loggers' level), `chat_template` (a
-        Jinja file for the tokenizer's template) and `served_model_name` (`model_name`). Other SGLang server
+        Jinja file for the tokenizer's template), `served_model_name` (`model_name`) and `reasoning_parser` (the
+        reasoning format of the model's replies: an SGLang parser name, sgnb/reasoning.py; what
+        `separate_reasoning` and `sgnb serve`'s chat completions split by default). Other SGLang server
         arguments are accepted with one warning naming them; anything else is refused as unknown.
 
         `progress(label, seconds)` hears of each phase of the start (finding the model, the tokenizer, the
@@ -112,6 +114,11 @@ class Engine:
         log_level = kwargs.pop("log_level", None)
         chat_template = kwargs.pop("chat_template", None)
         self.served_model_name: str | None = kwargs.pop("served_model_name", None)
+        self.reasoning_parser: str | None = kwargs.pop("reasoning_parser", None)
+        if self.reasoning_parser is not None:
+            from sgnb.reasoning import reasoning_format
+
+            reasoning_format(self.reasoning_parser)  # an unknown name fails here
         kwargs, ignored = server_args.split(kwargs, EngineConfig)
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         server_args.warn_ignored(ignored, "Engine(...)")
@@ -859,7 +866,8 @@ class Engine:
         from sgnb import __version__
 
         settings = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "extra"}
-        return {**settings, "served_model_name": self.model_name, "version": __version__,
+        return {**settings, "served_model_name": self.model_name, "reasoning_parser": self.reasoning_parser,
+                "version": __version__,
                 "internal_states": [self.get_stats()]}
 
     def get_tokenizer(self) -> Any:

@@ -64,8 +64,11 @@ class Finishing:
                     r.output_top_logprobs.append(out.top_logprobs[i] if out.top_logprobs else None)
                 if r.grammar is not None and not r.grammar.accept_token(token):
                     raise RuntimeError(f"the grammar rejected token {token} that its own mask allowed")
+                if r.grammar_held is not None:
+                    self._start_held_grammar(r)
                 self._check_finish(r, token)
-                if not r.finished and r.grammar is not None and not self.config.disable_jump_forward:
+                if (not r.finished and r.grammar is not None and not self.config.disable_jump_forward
+                        and not r.sampling.grammar_after):  # jump-forward re-reads the output from its start
                     self._jump_forward(r)
                 if not r.finished:
                     self._notify(r)
@@ -95,6 +98,13 @@ class Finishing:
             lps.append(one.logprobs[0] if one.logprobs else None)
             tops.append(one.top_logprobs[0] if one.top_logprobs else None)
         return SampleOutput(ids, lps, tops)
+
+    def _start_held_grammar(self: Scheduler, req: Req) -> None:
+        """A grammar held for the end of the reasoning starts once the output's tail holds the closing marker
+        (checked each step, so the first step it completes in; the tail's last 32 tokens cover any marker)."""
+        marker = req.sampling.grammar_after
+        if marker and marker in self.tokenizer.decode(req.output_ids[-32:], skip_special_tokens=False):
+            req.grammar, req.grammar_held = req.grammar_held, None
 
     def _grammar_mask(self: Scheduler, reqs: list[Req]) -> Callable[[torch.Tensor], None] | None:
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]

@@ -43,7 +43,8 @@ class PrefillRounds:
         for req in [] if stuck else order_waiting(self.config.schedule_policy, self.waiting, self.tree):
             if adder.full or len(self.active) + len(admitted) >= self.config.max_running_requests:
                 break
-            if req.grammar_future is not None and req.grammar is None and not self._attach_grammar(req):
+            if (req.grammar_future is not None and req.grammar is None and req.grammar_held is None
+                    and not self._attach_grammar(req)):
                 compiling = True
                 continue  # still compiling (or failed)
             added = adder.add_new(req)
@@ -80,10 +81,14 @@ class PrefillRounds:
         if not fut.done():
             return False
         try:
-            req.grammar = self.grammar().matcher(fut.result())
+            matcher = self.grammar().matcher(fut.result())
         except Exception as e:
             self._fail(req, e)
             return False
+        if req.sampling.grammar_after:  # free text (the reasoning) first: finishing.py starts it at the marker
+            req.grammar_held = matcher
+            return True
+        req.grammar = matcher
         if not self.config.disable_jump_forward and not req.output_ids:
             from sgnb.engine.grammar import jump_forward
 

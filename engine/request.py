@@ -69,6 +69,9 @@ class Req:
         # structured output: a compile future at submission, the matcher once admitted
         self.grammar_future: Any = None
         self.grammar: Any = None
+        # a grammar that starts after the reasoning (sampling_params.grammar_after): its matcher waits here until
+        # the output holds the reasoning's closing marker
+        self.grammar_held: Any = None
         self.forced: list[bool] = []  # per output token: appended by jump-forward (True) or sampled
         # lpm's walk of the tree for this request while it waits: (deepest fully matched node, its depth);
         # cleared when it is admitted (its tokens may change afterwards: jump-forward rolls some back)

@@ -13,7 +13,7 @@ from sgnb.engine.stops import compile_regex as compile_stop_regex
 _INTS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 _BOOLS = ("ignore_eos", "skip_special_tokens", "no_stop_trim")
-_STRS = ("regex", "json_schema", "ebnf")
+_STRS = ("regex", "json_schema", "ebnf", "grammar_after")
 
 
 def is_strict_int(v: Any) -> bool:
@@ -46,6 +46,9 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # the grammar applies from the end of the reasoning on: once the output holds this text (the reasoning's
+    # closing marker, e.g. "</think>"), not before; set by sgnb serve for a model with a reasoning parser
+    grammar_after: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:

@@ -59,7 +59,38 @@ PLAIN = ChatTemplate("plain", {r: ("", "") for r in (*ROLES, "tool")})
 CHATML = _named("chatml", lambda r: f"<|im_start|>{r}\n", "<|im_end|>\n", "tool", "<|im_end|>")
 LLAMA3 = _named("llama-3-instruct", lambda r: f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>",
                 "ipython", "<|eot_id|>")
-NAMED = {t.name: t for t in (PLAIN, CHATML, LLAMA3)}
+
+def _roles(system: tuple[str, str], user: tuple[str, str], assistant: tuple[str, str]) -> dict[str, tuple[str, str]]:
+    return {"system": system, "user": user, "assistant": assistant, "tool": user}
+
+
+# SGLang's chat-template names (sglang.lang.chat_template's registry) for the common formats; the role markers are
+# those formats' own
+_SGLANG = [
+    ChatTemplate("default", _roles(("SYSTEM:", "\n"), ("USER:", "\n"), ("ASSISTANT:", "\n"))),
+    ChatTemplate("claude", _roles(("", ""), ("\n\nHuman: ", ""), ("\n\nAssistant:", ""))),
+    ChatTemplate("vicuna_v1.1", _roles(("", " "), ("USER:", " "), ("ASSISTANT:", "</s>")),
+                 "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                 "helpful, detailed, and polite answers to the user's questions.", ("</s>",)),
+    ChatTemplate("llama-2-chat", _roles(("<<SYS>>\n", "\n<</SYS>>\n\n"), ("[INST] ", " [/INST]"), ("", " </s><s>")),
+                 stop_str=("</s>",)),
+    ChatTemplate("mistral", _roles(("[SYSTEM_PROMPT] ", " [/SYSTEM_PROMPT]"), ("[INST] ", " [/INST]"),
+                                   ("", " </s><s>")), stop_str=("</s>",)),
+    ChatTemplate("gemma-it", _roles(("", ""), ("<start_of_turn>user\n", "<end_of_turn>\n"),
+                                    ("<start_of_turn>model\n", "<end_of_turn>\n")), stop_str=("<end_of_turn>",)),
+]
+NAMED = {t.name: t for t in (PLAIN, CHATML, LLAMA3, *_SGLANG)}
+# SGLang's other names for the ChatML and Llama 3 formats
+NAMED |= {name: CHATML for name in ("qwen", "qwen2-vl", "chatml-llava", "yi-1.5", "dbrx-instruct")}
+NAMED |= {"llama-3-instruct-llava": LLAMA3}
+
+
+def named_template(name: str) -> ChatTemplate:
+    """The chat template called `name` (ours or SGLang's name for it); a ValueError lists the names known."""
+    if name not in NAMED:
+        raise ValueError(f"unknown chat template {name!r}; known: {', '.join(sorted(NAMED))} (or leave it out to "
+                         "use the template the model's tokenizer ships)")
+    return NAMED[name]
 
 
 def template_for_model_name(model: str) -> ChatTemplate:

@@ -70,6 +70,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port to listen on (default: 30000)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                        help="the model's reasoning format, by SGLang's parser names (qwen3, deepseek-r1, gpt-oss, "
+                             "mistral, ...): chat completions return the thinking as reasoning_content and apply a "
+                             "response_format / regex from the end of the reasoning on")
     access = parser.add_argument_group("access and limits")
     access.add_argument("--api-key", default=os.environ.get("SGNB_API_KEY"),
                         help="every route but /health needs Authorization: Bearer KEY (also $SGNB_API_KEY). "
@@ -115,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"sgnb serve: error: {e}") from None
     try:
-        engine = Engine(**engine_kwargs(args))
+        engine = Engine(**engine_kwargs(args), reasoning_parser=args.reasoning_parser)
     except (TypeError, ValueError) as e:  # an option value the engine rejected
         raise SystemExit(f"sgnb serve: error: {e}") from None
     print(f"sgnb: {engine.model_name} loaded in {engine.load_seconds:.1f} s; serving http://{args.host}:{args.port} "

@@ -30,7 +30,6 @@ import logging
 import math
 import queue
 import random
-import re
 import threading
 import time
 import types
@@ -131,8 +130,8 @@ def _names_set_by(node: ir.Node) -> list[str]:
         return [node.name]
     if isinstance(node, ir.VarScopeEnd):
         return [node.name]
-    if isinstance(node, ir.SeparateReasoning) and node.name is not None:
-        return [node.name, f"{node.name}_reasoning_content"]
+    if isinstance(node, ir.SeparateReasoning):
+        return [f"{n}_reasoning_content" for n in node.names]
     return []
 
 
@@ -568,13 +567,30 @@ class StreamExecutor:
             self._append(exe.text_[exe.fork_start:])
 
     def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
-        if node.name is None or node.name not in self.variables:
-            raise ValueError("separate_reasoning needs a named gen before it")
-        value = self.variables[node.name]
-        m = re.search(r"<think>(.*?)</think>", value, flags=re.S) or re.match(r"(.*?)</think>", value, flags=re.S)
-        if m:
-            self._set_var(f"{node.name}_reasoning_content", m.group(1).strip())
-            self._set_var(node.name, value[m.end():].lstrip())
+        """Each named gen's reply split into answer and reasoning; the reasoning also leaves the text and the
+        messages (the reply's last occurrence in them, which is where the gen wrote it)."""
+        from .reasoning import reasoning_format, split_reasoning
+
+        fmt = reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
+        for name in node.names:
+            value = self.variables.get(name)
+            if not isinstance(value, str):
+                raise ValueError(f"separate_reasoning: {name!r} has no text to split")
+            reasoning, answer = split_reasoning(value, fmt)
+            if answer != value:
+                at = self.text_.rfind(value)
+                if at >= 0:
+                    self.text_ = self.text_[:at] + answer + self.text_[at + len(value):]
+                for k in range(len(self.messages_) - 1, -1, -1):  # a new dict: forks share the old ones
+                    content = self.messages_[k].get("content")
+                    if isinstance(content, str) and value in content:
+                        i = content.rfind(value)
+                        self.messages_[k] = {**self.messages_[k],
+                                             "content": content[:i] + answer + content[i + len(value):]}
+                        break
+                self._set_var(name, answer)
+            self.emit({"type": "reasoning", "var": name, "reasoning": reasoning, "answer": answer})
+            self._set_var(f"{name}_reasoning_content", reasoning)
 
     # ---- variables and events --------------------------------------------------------------------------
     def _set_var(self, name: str, value: Any) -> None:

@@ -99,8 +99,10 @@ class ConcateAndAppend(Node):
 
 @dataclass(frozen=True)
 class SeparateReasoning(Node):
-    name: str | None
-    model_type: str = "deepseek-r1"
+    """Split the reasoning off the named gens/selects just run: `names` (those inside the wrapped expression)."""
+
+    names: tuple[str, ...]
+    model_type: str | None = None
 
 
 @dataclass(frozen=True)

@@ -229,9 +229,31 @@ def video(path: Any, num_frames: int = DEFAULT_NUM_FRAMES) -> ir.Node:
     return ir.Video(path, num_frames, where=where)
 
 
-def separate_reasoning(expr: ir.Node, model_type: str = "deepseek-r1") -> ir.Node:
-    """Split `<think>...</think>` off a gen: the gen's variable keeps the answer, `NAME_reasoning_content`
-    the reasoning."""
-    if not isinstance(expr, ir.Gen):
-        raise TypeError("separate_reasoning wraps a gen(...)")
-    return ir.Sequence((expr, ir.SeparateReasoning(expr.name, model_type)), where=user_location())
+def separate_reasoning(expr: ir.Node | None = None, model_type: str | None = None) -> ir.Node:
+    """Split the reasoning off every named gen and select in `expr` (a gen, a role such as
+    `assistant(gen(...))`, or any expression): each variable keeps the answer, `NAME_reasoning_content` the
+    reasoning ("" when there was none), and the reasoning leaves the program's text and messages, as the
+    models' chat templates expect of a conversation that goes on. `model_type` is an SGLang reasoning-parser
+    name (`qwen3`, `deepseek-r1`, `gpt-oss`, `mistral`, ...: sgnb/reasoning.py); None: the backend's
+    `reasoning_parser` if it has one, else `<think>` blocks, the reply starting inside one when it closes a
+    block it did not open."""
+    from .reasoning import reasoning_format
+
+    where = user_location()
+    if model_type is not None:
+        reasoning_format(model_type)  # an unknown name fails here, at the user's line
+    if expr is None:
+        return ir.Sequence((), where=where)
+    if not isinstance(expr, ir.Node):
+        raise TypeError(f"separate_reasoning wraps a program expression (gen(...), assistant(...)), "
+                        f"not {type(expr).__name__}")
+    names = tuple(_gen_names(expr))
+    return ir.Sequence((expr, ir.SeparateReasoning(names, model_type)), where=where)
+
+
+def _gen_names(node: ir.Node) -> list[str]:
+    if isinstance(node, ir.Sequence):
+        return [n for item in node.items for n in _gen_names(item)]
+    if isinstance(node, (ir.Gen, ir.Select)) and node.name is not None:
+        return [node.name]
+    return []

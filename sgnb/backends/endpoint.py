@@ -27,32 +27,37 @@ import requests
 from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.backends.runtime import with_global_sampling
-from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, template_for_model_name
+from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, named_template, template_for_model_name
 from sgnb.engine.scoring import start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
 from sgnb.sampling import REPORTING, GenParams
 
 
 class RuntimeEndpoint(Backend):
-    """`RuntimeEndpoint(base_url, api_key=None, timeout=600.0, chat_template=None)`.
+    """`RuntimeEndpoint(base_url, api_key=None, timeout=600.0, chat_template=None, chat_template_name=None)`.
 
     Contacts the server once at construction (GET /get_model_info), so a wrong URL fails here, not mid-program.
-    `chat_template` (a ChatTemplate or a name in sgnb.chat_template.NAMED) overrides the server's.
+    `chat_template` (a ChatTemplate or a name) or `chat_template_name` (SGLang's keyword: a name in
+    sgnb.chat_template.NAMED, which holds SGLang's names for the common formats) overrides the template the
+    server's model ships, which is the default.
     """
 
     fetches_urls = True  # an http(s) image URL goes as it is: the server decides (sgnb serve refuses it: a 400)
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
-                 chat_template: ChatTemplate | str | None = None, verify: bool | str | None = None) -> None:
+                 chat_template: ChatTemplate | str | None = None, verify: bool | str | None = None,
+                 chat_template_name: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
         self.verify = verify
         self._local = threading.local()
+        if chat_template_name is not None:
+            if chat_template is not None:
+                raise ValueError("give chat_template or chat_template_name, not both")
+            chat_template = chat_template_name
         if isinstance(chat_template, str):
-            if chat_template not in NAMED:
-                raise ValueError(f"unknown chat template {chat_template!r}; known: {sorted(NAMED)}")
-            chat_template = NAMED[chat_template]
+            chat_template = named_template(chat_template)
         self._template_override = chat_template
         self.model_info: dict[str, Any] = self._get("/get_model_info")
         info = self.model_info
@@ -109,6 +114,12 @@ class RuntimeEndpoint(Backend):
     # ---- Backend -----------------------------------------------------------------------------------------
     def get_model_name(self) -> str:
         return str(self.model_info.get("model_path") or self.model_info.get("model_name") or "unknown")
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """The server's reasoning format (`sgnb serve --reasoning-parser`): separate_reasoning's default."""
+        value = self.model_info.get("reasoning_parser")
+        return str(value) if value else None
 
     @cached_property
     def _template(self) -> ChatTemplate:

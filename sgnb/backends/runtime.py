@@ -86,6 +86,11 @@ class Runtime(Backend):
     def get_model_name(self) -> str:
         return self.engine.model_name
 
+    @property
+    def reasoning_parser(self) -> str | None:
+        """The engine's reasoning format (`Runtime(..., reasoning_parser="qwen3")`): separate_reasoning's default."""
+        return getattr(self.engine, "reasoning_parser", None)
+
     @cached_property
     def _template(self) -> ChatTemplate:
         tok = self.engine.tokenizer

@@ -192,6 +192,7 @@ class NativeRoutes(_Routes):
             "image_token": e.image_token,
             "video_token": e.video_token,
             "chat_template": e.tokenizer.chat_template,
+            "reasoning_parser": getattr(e, "reasoning_parser", None),
         })
 
     async def get_server_info(self, request: Request) -> Response:

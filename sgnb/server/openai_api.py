@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import cached_property
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sgnb.engine.request_input import sample_rids, split_samples
+from sgnb.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, split_reasoning
 from sgnb.server.media import _Media
 from sgnb.server.native_api import _Routes
 from sgnb.server.protocol import (
@@ -154,12 +156,16 @@ class OpenAIRoutes(_Routes):
 
     async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
                     media: _Media, plan: ToolPlan | None) -> Response:
-        text, images, videos = self._render_chat(req.messages, media, plan)
+        text, images, videos = self._render_chat(req.messages, media, plan, req.chat_template_kwargs or {})
         mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
         input_ids = self.engine.tokenizer.encode(text)
         limit = min(self.engine.context_length, self.kv_total)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
+        fmt = self._reasoning(req, text)
+        thinking_off = False in ((req.chat_template_kwargs or {}).get(k) for k in ("enable_thinking", "thinking"))
+        if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
+            sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
         _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
         ids = {base: sample_rids(base, req.n)}
@@ -175,7 +181,7 @@ class OpenAIRoutes(_Routes):
                                             **mm)
             outs = outs if isinstance(outs, list) else [outs]
             _raise_failed(outs)
-            choices = [{"index": k, "message": {"role": "assistant", "content": out["text"]},
+            choices = [{"index": k, "message": _reply_message(out["text"], fmt),
                         "logprobs": _chat_logprobs(out) if req.logprobs else None, **_finish(out)}
                        for k, out in enumerate(outs)]
             return _json_response({**meta, "object": "chat.completion", "choices": choices,
@@ -187,8 +193,19 @@ class OpenAIRoutes(_Routes):
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))]
 
+        splitters = [ReasoningStream(fmt) if fmt is not None else None for _ in calls]
+
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
-            return {"index": k, "delta": {"content": chunk["text"]} if chunk["text"] or not last else {},
+            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
+            splitter = splitters[k]
+            if splitter is not None:  # the thinking as reasoning_content, the answer as content
+                reasoning, answer = splitter.feed(chunk["text"])
+                if last:
+                    more_r, more_a = splitter.finish()
+                    reasoning, answer = reasoning + more_r, answer + more_a
+                delta = {**({"reasoning_content": reasoning} if reasoning else {}),
+                         **({"content": answer} if answer else {})}
+            return {"index": k, "delta": delta,
                     "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
                     **(_finish(chunk) if last else {"finish_reason": None})}
 
@@ -221,8 +238,20 @@ class OpenAIRoutes(_Routes):
                 yield _sse({"error": {"message": err.message, "type": err.type, "code": err.status}})
             yield _SSE_DONE
 
-    def _render_chat(self, messages: list[dict[str, Any]], media: _Media,
-                     plan: ToolPlan | None = None) -> tuple[str, list[Any], list[Any]]:
+    def _reasoning(self, req: ChatCompletionRequest, prompt: str) -> ReasoningFormat | None:
+        """The reply's reasoning format when it is returned apart: the server's parser (None without one, or when
+        the request says separate_reasoning=false); a prompt that ends by opening the block (a template that
+        starts the thinking itself) makes the reply start inside it."""
+        name = getattr(self.engine, "reasoning_parser", None)
+        if name is None or not req.separate_reasoning:
+            return None
+        fmt = reasoning_format(name)
+        if not fmt.starts_inside and prompt.rstrip().endswith(fmt.open):
+            fmt = dataclasses.replace(fmt, starts_inside=True)
+        return fmt
+
+    def _render_chat(self, messages: list[dict[str, Any]], media: _Media, plan: ToolPlan | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> tuple[str, list[Any], list[Any]]:
         """The prompt text (the chat template over the messages) and its images and videos in order. A content
         list's text parts are joined by newlines; an image_url (video_url) part becomes the model's image (video)
         token in its place, with nothing around it, so text + image + text reads back as it was split.
@@ -294,8 +323,12 @@ class OpenAIRoutes(_Routes):
                 rendered[0] = {**rendered[0], "content": f"{first}\n\n{described}" if first else described}
             else:
                 rendered.insert(0, {"role": "system", "content": described})
+        reserved = {"messages", "add_generation_prompt", "tools", "documents"} & set(template_kwargs or {})
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs")
         try:
-            text = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **tools_kw)
+            text = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
+                                                             **(template_kwargs or {}), **tools_kw)
         except Exception as e:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
         return text, images, videos
@@ -427,6 +460,14 @@ async def _collect(stream: AsyncIterator[dict]) -> tuple[str, dict]:
             if "output_ids" in chunk:
                 final = chunk
     return "".join(pieces), final
+
+
+def _reply_message(text: str, fmt: ReasoningFormat | None) -> dict[str, Any]:
+    """A chat reply: with a reasoning format, its thinking as reasoning_content (None when there was none)."""
+    if fmt is None:
+        return {"role": "assistant", "content": text}
+    reasoning, answer = split_reasoning(text, fmt)
+    return {"role": "assistant", "content": answer, "reasoning_content": reasoning or None}
 
 
 def _tool_message(content: str, final: dict[str, Any]) -> dict[str, Any]:
