@@ -161,7 +161,7 @@ def _gens_table(segments: Sequence[Mapping[str, Any]]) -> str:
                      _e(finish if finish is not None else ("" if g.get("done") else "running"))])
     if not rows:
         return ""
-    return _table(["gen", "prompt tok", "cached", "completion tok", "latency s", "finish"], rows,
+    return _table(["variable", "prompt tok", "cached", "completion tok", "latency s", "finish"], rows,
                   "margin: 2px 0 4px")
 
 
