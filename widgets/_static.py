@@ -72,7 +72,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], style: str = "", 
         return "<tr>" + "".join(f'<{tag} style="{_CELL}; text-align: {side}">{c}</{tag}>'
                                 for c, side in zip(cells, sides)) + "</tr>"
 
-    return (f'<table style="border-collapse: collapse; font-size: 11px; {style}">'
+    # margin-left: 0: JupyterLab's rendered HTML centres tables that say nothing of their margins
+    return (f'<table style="border-collapse: collapse; font-size: 11px; margin-left: 0; {style}">'
             + row([_e(h) for h in head], "th") + "".join(row(r, "td") for r in rows) + "</table>")
 
 
@@ -241,6 +242,8 @@ def program_html(title: str, programs: Sequence[Mapping[str, Any]], summary: Map
 
 # ---- RadixTreeView -------------------------------------------------------------------------------------------
 def _short(text: str) -> str:
+    if text and not text.strip():  # blanks alone: each space reads ␣ (the widget's marker), not an empty cell
+        text = re.sub(r"[^\S\n\t]", "\u2423", text)
     text = text.replace("\n", "\\n")
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 3] + "..."
 

@@ -233,7 +233,10 @@ function htmlEl(tag, cls, parent, text) {
 }
 
 function visible(s) {
-  return String(s ?? "").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  const text = String(s ?? "");
+  const shown = text.replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  // a label of blanks alone would be an empty box: each blank that is not a newline or a tab reads ␣
+  return text && !text.trim() ? shown.replace(/[^\S\n\t]/g, "␣") : shown;
 }
 
 /** A label for a node's text: whitespace made visible, cut to `n` characters. */
