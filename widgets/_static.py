@@ -270,13 +270,15 @@ def tree_html(nodes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) ->
             label = f'{chips}<code title="{_e(text)}">{_e(_short(text))}</code>'
         if r.get("collapsed"):
             label += f' <span style="{_MUTED}">(+{_e(r.get("hidden", 0))} folded)</span>'
+        elif r.get("below"):
+            label += f' <span style="{_MUTED}">(+{_e(r["below"])} below, not shown)</span>'
         rows.append([indent + label, _e(r.get("tokens")), _e(r.get("hits")), "locked" if r.get("locked") else "",
                      mark])
     live = summary.get("nodes", len(nodes))
     line = (f"radix tree: {max(int(live or 0) - 1, 0)} nodes below the root, {summary.get('tokens', 0)} tokens "
             f"cached, {summary.get('locked', 0)} in use; {summary.get('finished', 0)} requests done")
     if summary.get("shown") and summary.get("shown") < live:
-        line += f" (the {summary['shown']} largest or busiest shown)"
+        line += f" (an overview: the {summary['shown']} largest or busiest shown)"
     table = _table(["node", "tokens", "hits", "in use", "state"], rows) if rows else ""
     return (f'<div class="sgnb-static sgnb-static-tree" style="{_FONT}"><div style="{_MUTED}">{_e(line)}</div>'
             f"{table}</div>")
