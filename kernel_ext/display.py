@@ -37,8 +37,10 @@ def live_view(name: str, *args: Any, keep_current: bool = False, **kwargs: Any) 
 
     view = cls(*args, **kwargs)
     show(view)
-    if keep_current:  # the engine views: RadixTreeView flushes its events, EngineStats polls the engine
-        keep(view, getattr(cls, "flush", None) or cls.poll, operator.attrgetter("flushes"))
+    # the engine views: RadixTreeView flushes its events, EngineStats polls the engine; both count their syncs
+    catch_up = getattr(cls, "flush", None) or getattr(cls, "poll", None)
+    if keep_current and catch_up is not None and hasattr(view, "flushes"):
+        keep(view, catch_up, operator.attrgetter("flushes"))
     return view
 
 
