@@ -3,7 +3,8 @@
 1. In a bare page: rows that the views build (`sgnb.widgets._tree_rows.build_rows`, through a RadixTreeView and
    the lab panel over real engines, or over synthetic nodes) drawn by radix_tree_draw.js, under JupyterLab's
    own light or dark theme CSS: labels show where siblings differ and chat-template tokens as role chips, a
-   500-node tree is an overview that fits, heat colours after a run, evicted nodes stay visible after an
+   500-node tree is an overview that fits, a 5,000-node run_batch tree (the engine's RadixCache) is an overview
+   that updates through the widget's own module with no main-thread task over 100 ms, blank labels show ␣, heat colours after a run, evicted nodes stay visible after an
    eviction, every label is readable in both themes, "follow newest" keeps the root's row in view (pinned).
 2. Live in JupyterLab with the dark theme: a RadixTreeView in a notebook starts in "fit width" with the root in
    view, counts the requests done before it was made, and after a run with evictions shows the evicted nodes
