@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import operator
 from typing import Any
 
 
@@ -23,16 +24,23 @@ def widget_class(name: str) -> Any:
         return None
 
 
-def live_view(name: str, *args: Any, **kwargs: Any) -> Any:
+def live_view(name: str, *args: Any, keep_current: bool = False, **kwargs: Any) -> Any:
     """Display and return a live `sgnb.widgets.<name>(*args, **kwargs)`, or return None (caller falls back).
-    Its output can be sent again with `refresh_view` (the final static snapshot, once its run is over)."""
+    Its output can be sent again with `refresh_view` (the final static snapshot, once its run is over); with
+    `keep_current` (an engine's view, open across later cells) it is sent again after each later cell that
+    changed it, so a saved notebook keeps the latest picture (`sgnb.widgets._display.keep_current`)."""
     cls = widget_class(name)
     if cls is None:
         return None
+    from sgnb.widgets._display import keep_current as keep
     from sgnb.widgets._display import show
 
     view = cls(*args, **kwargs)
     show(view)
+    # the engine views: RadixTreeView flushes its events, EngineStats polls the engine; both count their syncs
+    catch_up = getattr(cls, "flush", None) or getattr(cls, "poll", None)
+    if keep_current and catch_up is not None and hasattr(view, "flushes"):
+        keep(view, catch_up, operator.attrgetter("flushes"))
     return view
 
 

@@ -128,7 +128,7 @@ class EngineMagics(Magics):
 
     def _view(self, name: str, text: Any) -> None:
         engine = self.session.engine()
-        view = show.live_view(name, engine) if self.session.widgets() else None
+        view = show.live_view(name, engine, keep_current=True) if self.session.widgets() else None
         if view is None:
             display(text(engine))
         else:

@@ -145,6 +145,27 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
                 server.wait()
 
 
+def built_labextension() -> Path:
+    """labextension/build, rebuilt by the same setup.py step the wheel uses when a source is newer."""
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_labextension"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = ROOT / "labextension" / "build"
+    assert (out / "package.json").exists()
+    return out
+
+
+def labextension_args(tmp_path: Path) -> list[str]:
+    """Server arguments that put this checkout's built extension first on the extension path (JupyterLab and
+    Notebook 7 read the same setting)."""
+    ext_dir = tmp_path / "labextensions"
+    ext_dir.mkdir(exist_ok=True)
+    link = ext_dir / "sgnb"
+    if not link.exists():
+        link.symlink_to(built_labextension(), target_is_directory=True)
+    return [f"--LabServerApp.extra_labextensions_path={ext_dir}"]
+
+
 # a cell ran or runs: its prompt reads [*] or [n]
 STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]/.test(e.textContent))"
 

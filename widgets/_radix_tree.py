@@ -395,6 +395,13 @@ class RadixTreeView(anywidget.AnyWidget):
         return (f"<RadixTreeView {max(s.get('nodes', 1) - 1, 0)} nodes below the root, {s.get('tokens', 0)} tokens "
                 f"cached, {s.get('locked', 0)} in use, {s.get('finished', 0)} requests done, {state}>")
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
+        """The widget view, a short text/plain and a static text/html snapshot of the tree as rows (what a
+        renderer without the widget shows: GitHub, nbviewer, an exported page; see `_static.py`)."""
+        from sgnb.widgets._static import with_snapshot
+
+        return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
+
 
 _HANDLERS: dict[str, Callable[[RadixTreeView, Event], None]] = {
     "insert": RadixTreeView._on_insert,

@@ -72,7 +72,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], style: str = "", 
         return "<tr>" + "".join(f'<{tag} style="{_CELL}; text-align: {side}">{c}</{tag}>'
                                 for c, side in zip(cells, sides)) + "</tr>"
 
-    return (f'<table style="border-collapse: collapse; font-size: 11px; {style}">'
+    # margin-left: 0: JupyterLab's rendered HTML centres tables that say nothing of their margins
+    return (f'<table style="border-collapse: collapse; font-size: 11px; margin-left: 0; {style}">'
             + row([_e(h) for h in head], "th") + "".join(row(r, "td") for r in rows) + "</table>")
 
 
@@ -161,7 +162,7 @@ def _gens_table(segments: Sequence[Mapping[str, Any]]) -> str:
                      _e(finish if finish is not None else ("" if g.get("done") else "running"))])
     if not rows:
         return ""
-    return _table(["gen", "prompt tok", "cached", "completion tok", "latency s", "finish"], rows,
+    return _table(["variable", "prompt tok", "cached", "completion tok", "latency s", "finish"], rows,
                   "margin: 2px 0 4px")
 
 
@@ -241,6 +242,8 @@ def program_html(title: str, programs: Sequence[Mapping[str, Any]], summary: Map
 
 # ---- RadixTreeView -------------------------------------------------------------------------------------------
 def _short(text: str) -> str:
+    if text and not text.strip():  # blanks alone: each space reads ␣ (the widget's marker), not an empty cell
+        text = re.sub(r"[^\S\n\t]", "\u2423", text)
     text = text.replace("\n", "\\n")
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 3] + "..."
 
@@ -267,13 +270,15 @@ def tree_html(nodes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) ->
             label = f'{chips}<code title="{_e(text)}">{_e(_short(text))}</code>'
         if r.get("collapsed"):
             label += f' <span style="{_MUTED}">(+{_e(r.get("hidden", 0))} folded)</span>'
+        elif r.get("below"):
+            label += f' <span style="{_MUTED}">(+{_e(r["below"])} below, not shown)</span>'
         rows.append([indent + label, _e(r.get("tokens")), _e(r.get("hits")), "locked" if r.get("locked") else "",
                      mark])
     live = summary.get("nodes", len(nodes))
     line = (f"radix tree: {max(int(live or 0) - 1, 0)} nodes below the root, {summary.get('tokens', 0)} tokens "
             f"cached, {summary.get('locked', 0)} in use; {summary.get('finished', 0)} requests done")
     if summary.get("shown") and summary.get("shown") < live:
-        line += f" (the {summary['shown']} largest or busiest shown)"
+        line += f" (an overview: the {summary['shown']} largest or busiest shown)"
     table = _table(["node", "tokens", "hits", "in use", "state"], rows) if rows else ""
     return (f'<div class="sgnb-static sgnb-static-tree" style="{_FONT}"><div style="{_MUTED}">{_e(line)}</div>'
             f"{table}</div>")

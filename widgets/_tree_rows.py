@@ -6,9 +6,14 @@ engine's events, the panel reads a snapshot at each poll. `build_rows` turns the
 
 - which nodes to show within a row budget: the root, then nodes best first (children of `expanded` nodes, then
   subtrees with live changes, then the biggest, the most hit, the newest), each after its parent; the rest of a
-  node's children become one "+N" group row. Among siblings of one shape (e.g. hundreds of leaves, or of
-  one-node-one-leaf branches) at most `sibling_cap` are shown, so a large tree reads as an overview: a few
-  examples of each kind and a count, not a slice of identical leaves;
+  node's children become one "+N" group row, or, when none of them is shown, a count on the node itself
+  (`below`: a cold subtree folded into its top, one row). Among siblings of one shape (e.g. hundreds of leaves,
+  or of one-node-one-leaf branches) at most `sibling_cap` are shown: a few examples of each kind and a count,
+  not a slice of identical leaves;
+- a tree with more nodes than the budget gets an overview instead of a slice: at most `overview_rows` rows, at
+  most `breadth` children shown per node, so the levels near the root, where the sharing is, read at a glance
+  and every row says how much lies under it; the user opens what they want to see (a "+N" row or a folded
+  node's "+" adds it to `expanded`, whose children come on top of the overview, up to `max_nodes` more);
 - labels: the first `label_tokens` tokens of a node's key, with chat-template markers ("<|im_start|>user\\n",
   "<|eot_id|>", ...) turned into role glyphs (one private-use character each, drawn as a small chip), and
   `diff`: where the label departs from its siblings' labels, so the drawing shows that part when it must cut;
@@ -41,6 +46,8 @@ MAX_EVICTED = 200  # evicted nodes kept at most (the most recent)
 LABEL_TOKENS = 24  # tokens of a key decoded into its label
 MAX_LABEL_TOKENS = 256  # how far a label that reads like a sibling's is decoded to find where they differ
 SIBLING_CAP = 12  # siblings of one shape shown (the rest go into the parent's "+N" group)
+OVERVIEW_ROWS = 60  # rows of a tree too big for the budget: an overview, not a slice of 300
+BREADTH = 12  # children shown per node in an overview (the others: one "+N" row)
 HEAT_LEVELS = 5
 DETAIL_TOKENS = 4096  # of the selected node's own text
 DETAIL_PREFIX_TOKENS = 2000  # of the text above it
@@ -135,12 +142,15 @@ def _departures(labels: list[str]) -> list[int]:
 def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
                collapsed: AbstractSet[Any] = frozenset(), expanded: AbstractSet[Any] = frozenset(),
                label_tokens: int = LABEL_TOKENS, sibling_cap: int = SIBLING_CAP,
+               overview_rows: int = OVERVIEW_ROWS, breadth: int = BREADTH,
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows to draw (parents first) and a summary, for `nodes` (any order; siblings are drawn in the order
     they come; exactly one has parent None, and a node whose parent is missing hangs under it).
 
-    At most `max_nodes` rows (nodes plus one group row per node with hidden children), plus up to `max_nodes`
-    more for the children of `expanded` nodes; the subtrees of `collapsed` nodes are folded. `label(id, n)`
+    At most `max_nodes` rows (nodes plus one group row per node with some of its children hidden; a node with
+    all of them hidden counts them itself), plus up to `max_nodes` more for the children of `expanded` nodes;
+    the subtrees of `collapsed` nodes are folded. A tree of more than `max_nodes` nodes is an overview: at most
+    `overview_rows` rows and `breadth` children a node (besides `expanded` nodes' children). `label(id, n)`
     is called for shown nodes only: the text of the node's first n tokens and its media (see `_media`)."""
     assert max_nodes >= 2, "need room for the root and one group"
     by_id: dict[int, Node] = {}
@@ -179,10 +189,14 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         sig = tuple(sorted(shape[ch] for ch in children[i]))
         shape[i] = shapes.setdefault(sig, len(shapes))
 
-    # the budget: rows = kept nodes + one group per kept node with hidden children
+    # the budget: rows = kept nodes + one group row per kept node with some (not all) of its children hidden;
+    # a tree too big for it gets an overview: fewer rows, fewer children a node
+    overview = len(by_id) > max_nodes
+    budget = min(max_nodes, max(overview_rows, 2)) if overview else max_nodes
     keep: set[int] = {root.id}
-    hidden = {root.id: 0 if root.id in collapsed else len(children[root.id])}
-    total = 1 + (1 if hidden[root.id] else 0)
+    opened: dict[int, int] = {root.id: 0 if root.id in collapsed else len(children[root.id])}  # children to show
+    shown_kids: dict[int, int] = {root.id: 0}
+    total = 1
     extra = 0  # rows beyond max_nodes, for the children of expanded nodes
     shown_like: dict[tuple[int, int], int] = {}  # (parent, shape) -> siblings of that shape shown
     class_size: dict[tuple[int, int], int] = {}
@@ -195,6 +209,9 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         n = by_id[c]
         return (-(parent in expanded), -(sum(active[c]) > 0), -count[c], -n.hits, -c, c)
 
+    def group_row(p: int, shown: int) -> int:  # whether p draws a "+N" row with `shown` of its children shown
+        return 1 if 0 < shown < opened[p] else 0
+
     heap = [entry(c, root.id) for c in children[root.id]] if root.id not in collapsed else []
     heapq.heapify(heap)
     while heap:
@@ -205,28 +222,32 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         if (not forced and not lively and class_size[like] > sibling_cap + 1
                 and shown_like.get(like, 0) >= sibling_cap):
             continue  # enough examples of this kind of sibling: the rest are counted in the group
-        opens = 0 if i in collapsed else len(children[i])
-        grows = (0 if hidden[parent] == 1 else 1) + (1 if opens else 0)  # type: ignore[index]
+        had = shown_kids[parent]  # type: ignore[index]
+        if overview and not forced and had >= breadth:
+            continue  # a level of the overview is this wide at most: the rest are counted in the group
+        grows = 1 + group_row(parent, had + 1) - group_row(parent, had)  # type: ignore[arg-type]
         if forced and extra + grows <= max_nodes:
             extra += grows
-        elif total + grows > max_nodes:
+        elif total + grows > budget:
             if forced:
+                continue
+            if grows > 1:  # this child would open its parent's "+N" row: a sibling of a shown one may fit
                 continue
             break
         else:
             total += grows
         keep.add(i)
-        hidden[parent] -= 1  # type: ignore[index]
-        hidden[i] = opens
+        shown_kids[parent] = had + 1  # type: ignore[index]
+        opened[i] = 0 if i in collapsed else len(children[i])
+        shown_kids[i] = 0
         shown_like[like] = shown_like.get(like, 0) + 1
-        if opens:
-            for c in children[i]:
-                heapq.heappush(heap, entry(c, i))
+        for c in children[i] if opened[i] else ():
+            heapq.heappush(heap, entry(c, i))
 
     live = [n for n in by_id.values() if n.state != "evicted"]
     max_hits = max((n.hits for n in live if n is not root), default=0)
     rows: list[dict[str, Any]] = []
-    groups = 0
+    groups = folded = 0
     for i in order:
         if i not in keep:
             continue
@@ -242,9 +263,16 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         if i in collapsed and kids:
             row["collapsed"] = True
             row["hidden"] = count[i] - 1
-        rows.append(row)
         lost = [c for c in kids if c not in keep]
-        if lost and i not in collapsed:
+        if lost and i not in collapsed and len(lost) == len(kids):  # a cold subtree, folded into its top
+            folded += 1
+            row["below"] = count[i] - 1
+            row["below_tokens"] = tokens[i] - n.tokens
+            new, hit, ev = (sum(active[c][k] for c in kids) for k in range(3))
+            if new or hit or ev:
+                row["below_state"] = "new" if new else "hit" if hit else "evicted"
+        rows.append(row)
+        if lost and i not in collapsed and len(lost) < len(kids):
             groups += 1
             new, hit, ev = (sum(active[c][k] for c in lost) for k in range(3))
             kinds = {shape[c] for c in lost}
@@ -256,7 +284,8 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
                          "state": "new" if new else "hit" if hit else "evicted" if ev else ""})
     _label_rows(rows, label, label_tokens, by_id)
     summary = {
-        "nodes": len(live), "shown": len(rows) - groups, "groups": groups,
+        "nodes": len(live), "shown": len(rows) - groups, "groups": groups, "folded": folded,
+        "overview": overview,
         "tokens": sum(n.tokens for n in live), "locked": sum(1 for n in live if n.locked and n is not root),
         "evicting": len(by_id) - len(live), "new": active[root.id][0], "hit": active[root.id][1],
         "max_hits": max_hits, "max_nodes": max_nodes,

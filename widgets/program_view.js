@@ -377,7 +377,7 @@ function gensOf(prog, ctx, out, depth = 0) {
 }
 
 const METRIC_HEADS = [
-  ["gen", "the gen's variable"],
+  ["variable", "the variable of the gen or select (a select scores its choices: no output, no TTFT)"],
   ["branch", "which fork branch ran it (1.2: the second branch of the first)"],
   ["prompt", "prompt tokens"],
   ["cached", "prompt tokens the engine's radix cache served (not computed again)"],

@@ -16,7 +16,9 @@
  *                           groups ("+N" rows), tokens (cached tokens), locked (nodes in use), evicting (evicted
  *                           nodes still drawn), evicted_total (nodes evicted since the view began), new, hit
  *                           (nodes coloured now), max_hits (the most hit node's hits: the heat scale's top),
- *                           queued, finished (requests), events (engine events seen), max_nodes (the budget) }
+ *                           queued, finished (requests), events (engine events seen), max_nodes (the budget),
+ *                           overview (true: the tree is larger than the budget and these rows are an overview
+ *                           of it), folded (rows with "below") }
  *   collapsed: id[],        nodes whose subtrees are folded (drawn with a "+" button and their hidden count)
  *   selected: id | null,    the clicked node: outlined, and described in the details box below the tree
  *   details: {...} | {},    the selected node as told by Python (see below); ignored when its id differs
@@ -31,6 +33,9 @@
  *                tree's log scale: the fill of a node with no live state), locked: bool (in use by a running
  *                request), state: "" | "new" | "hit" | "evicted", rids: int (requests known to share it),
  *                kids: int (children in the tree), collapsed?: true, hidden?: int (descendants folded),
+ *                below?: int (descendants none of which is shown: a subtree the overview folded into this row;
+ *                its "+" opens it through expandGroup), below_tokens?: int, below_state?: "new" | "hit" |
+ *                "evicted" (the most notable state under it),
  *                media?: Media[] (the images / videos in its tokens, in order: drawn as thumbnail chips
  *                before the label, at most two and a "+N") }
  * Media:       { kind: "image" | "video", hash: string (short content hash), tokens: int (its tokens in this
@@ -233,7 +238,10 @@ function htmlEl(tag, cls, parent, text) {
 }
 
 function visible(s) {
-  return String(s ?? "").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  const text = String(s ?? "");
+  const shown = text.replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  // a label of blanks alone would be an empty box: each blank that is not a newline or a tab reads ␣
+  return text && !text.trim() ? shown.replace(/[^\S\n\t]/g, "␣") : shown;
 }
 
 /** A label for a node's text: whitespace made visible, cut to `n` characters. */
@@ -587,7 +595,8 @@ function nodeElements(view, id) {
   });
   fold.addEventListener("click", (ev) => {
     ev.stopPropagation();
-    onToggle(view, e.id);
+    if (e.below) onGroup(view, e.id); // folded by the overview: open its children (Python's "expanded")
+    else onToggle(view, e.id);
   });
   view.els.set(id, e);
   return e;
@@ -660,6 +669,9 @@ function subLine(row, folded, chars) {
   if (folded) {
     long.push(`+${row.hidden ?? "…"} folded`);
     short.push(`+${row.hidden ?? "…"}`);
+  } else if (row.below) {
+    long.push(`+${row.below} below`);
+    short.push(`+${row.below}↓`);
   }
   const text = long.join(" · ");
   return { text: text.length <= chars ? text : shortText(short.join(" "), chars), full: long };
@@ -793,11 +805,13 @@ function renderTree(view) {
       e.t2.textContent = sub.text;
       const held = media.map((m) => `\n${mediaLabel(m)}`).join("");
       const heat = row.heat && summary.max_hits ? `; heat ${row.heat}/${HEAT_LEVELS} of ${summary.max_hits} hits` : "";
-      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")}${heat})${held}`;
+      const under = e.below ? `\n${row.below} nodes below it (${row.below_tokens ?? "?"} tok${row.below_state ? `, some ${row.below_state}` : ""}), folded in this overview: + shows its children` : "";
+      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")}${heat})${held}${under}`;
       e.lock.style.display = row.locked ? "" : "none";
       const foldable = (row.kids || 0) > 0 || collapsed.has(row.id);
+      e.below = !!row.below && !collapsed.has(row.id);
       e.fold.style.display = foldable ? "" : "none";
-      e.foldMark.textContent = collapsed.has(row.id) ? "+" : "−";
+      e.foldMark.textContent = collapsed.has(row.id) || e.below ? "+" : "−";
     }
     const parent = row.parent !== null && row.parent !== undefined ? plan.boxes.get(row.parent) : null;
     if (parent) d += plan.edge(parent, box, parent.p.row);
@@ -828,7 +842,10 @@ function renderSummary(view, s, rows) {
   const nodes = s.nodes ?? rows.filter((r) => !r.group && r.state !== "evicted").length;
   const parts = [`${plural(Math.max(nodes - 1, 0), "node")} below the root`, `${s.tokens ?? 0} tokens cached`];
   if (s.locked) parts.push(`${s.locked} in use`);
-  if (s.groups) parts.push(`showing ${s.shown} (+${s.groups} groups)`);
+  if (s.overview) {
+    const folded = s.folded ? `, ${s.folded} folded` : "";
+    parts.push(`overview: ${s.shown} shown (+${s.groups ?? 0} groups${folded}; + opens)`);
+  } else if (s.groups) parts.push(`showing ${s.shown} (+${s.groups} groups)`);
   const evicted = Math.max(s.evicted_total ?? 0, s.evicting ?? 0);
   if (evicted) parts.push(`${evicted} evicted${s.evicting ? ` (${s.evicting} drawn)` : ""}`);
   if (s.queued) parts.push(`${s.queued} queued`);

@@ -1,5 +1,6 @@
 /**
- * sgnb's JupyterLab extension: the "LM engine" side panel and `%%sgl` cell highlighting.
+ * sgnb's JupyterLab extension: the "LM engine" side panel, `%%sgl` cell highlighting, and sgnb's views in
+ * notebooks reopened without widget state (their saved snapshots).
  */
 import {
   ILabShell,
@@ -14,6 +15,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { EnginePanel } from './panel';
 import { sglCellExtension } from './sgl';
+import { SavedViewsExtension } from './views';
 
 export const COMMAND_SHOW_PANEL = 'sgnb:show-engine-panel';
 
@@ -71,4 +73,14 @@ const sglPlugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [panelPlugin, sglPlugin];
+const savedViewsPlugin: JupyterFrontEndPlugin<void> = {
+  id: 'sgnb:saved-views',
+  description: "Shows an sgnb view's saved snapshot where its widget model is gone (a notebook reopened without " +
+    'widget state), and keeps live views in place when the kernel updates their snapshot.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    app.docRegistry.addWidgetExtension('Notebook', new SavedViewsExtension());
+  }
+};
+
+export default [panelPlugin, sglPlugin, savedViewsPlugin];

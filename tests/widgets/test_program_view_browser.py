@@ -164,6 +164,16 @@ def assert_fits(page, columns: bool = True) -> None:
     assert not columns or widths and min(widths) >= MIN_COL - 0.5, widths
 
 
+def assert_select_row(table, var: str) -> None:
+    """The table's last row is the program's closing select: its variable, its prompt with the cache's share, no
+    output or tokens/s (nothing was generated), "select" where a gen says why it stopped."""
+    row = table.locator("tr").last
+    cells = dict(zip(table.locator("th").all_inner_texts(), row.locator("td").all_inner_texts()))
+    assert cells["variable"] == var and cells["finish"] == "select", cells
+    assert int(cells["prompt"]) > 0 and 0 <= int(cells["cached"]) <= int(cells["prompt"]), cells
+    assert cells["output"] == "" and cells["tok/s"] == "–", cells
+
+
 @pytest.mark.parametrize("width", [800, 480])
 def test_nested_forks_fit_the_output_area(browser, tot_state, width):
     """Three ideas that fork again in two: the outer group (6 columns) shows tabs, the inner ones columns no
@@ -178,11 +188,13 @@ def test_nested_forks_fit_the_output_area(browser, tot_state, width):
         assert page.locator(".sgnb-pv-fork > .sgnb-pv-prog .sgnb-pv-ph").first.inner_text().startswith("branch 1.1")
         tables = page.locator(".sgnb-pv-gens")
         assert tables.count() == 1 and page.locator(".sgnb-pv-group .sgnb-pv-gens").count() == 0
-        assert tables.locator("tr").count() == 1 + 3 + 6  # the head, then each idea and plan
+        # the head, each idea and plan, then the closing select (scored, not generated: its own row)
+        assert tables.locator("tr").count() == 1 + 3 + 6 + 1
+        assert_select_row(tables, "best")
         heights = tables.evaluate("t => [...t.querySelectorAll('td, th')].map(c => c.getBoundingClientRect().height)")
         assert max(heights) < 24, f"a metrics cell wrapped: {max(heights)} px"
         assert set(tables.locator("td.branch").all_inner_texts()) == {"1", "2", "3", "1.1", "1.2", "2.1", "2.2",
-                                                                     "3.1", "3.2"}
+                                                                     "3.1", "3.2", "main"}
         height = page.locator(".sgnb-pv").evaluate("e => e.getBoundingClientRect().height")
         assert height < 1400, f"the view is {height} px tall"
         shot(page, f"program-view-tot-{width}.png")
@@ -222,7 +234,8 @@ def test_a_fork_of_three_and_long_choices(browser, three_state, width):
         body = page.locator(".sgnb-pv-body").first.evaluate("b => b.getBoundingClientRect().right")
         assert len(chips) == len(LONG_CHOICES) and all(right <= body + 0.5 for _, right in chips), (chips, body)
         assert len({round(top) for top, _ in chips}) > 1, "the chips wrap onto more than one line"
-        assert page.locator(".sgnb-pv-gens tr").count() == 1 + 3
+        assert page.locator(".sgnb-pv-gens tr").count() == 1 + 3 + 1  # the head, each way, the select
+        assert_select_row(page.locator(".sgnb-pv-gens"), "best")
         shot(page, f"program-view-fork3-{width}.png")
         assert not page.errors, page.errors
     finally:

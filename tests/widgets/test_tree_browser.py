@@ -3,7 +3,8 @@
 1. In a bare page: rows that the views build (`sgnb.widgets._tree_rows.build_rows`, through a RadixTreeView and
    the lab panel over real engines, or over synthetic nodes) drawn by radix_tree_draw.js, under JupyterLab's
    own light or dark theme CSS: labels show where siblings differ and chat-template tokens as role chips, a
-   500-node tree is an overview that fits, heat colours after a run, evicted nodes stay visible after an
+   500-node tree is an overview that fits, a 5,000-node run_batch tree (the engine's RadixCache) is an overview
+   that updates through the widget's own module with no main-thread task over 100 ms, blank labels show ␣, heat colours after a run, evicted nodes stay visible after an
    eviction, every label is readable in both themes, "follow newest" keeps the root's row in view (pinned).
 2. Live in JupyterLab with the dark theme: a RadixTreeView in a notebook starts in "fit width" with the root in
    view, counts the requests done before it was made, and after a run with evictions shows the evicted nodes
@@ -212,15 +213,15 @@ def _big_tree() -> tuple[list[Node], dict[int, str]]:
 
 
 def test_a_500_node_tree_is_an_overview_that_fits(chromium):
-    """A 512-node tree with the default budget (300 rows): a dozen examples of the 480 identical leaves and one
-    "+468 more leaves like these" group, the ten other branches whole; it fits the box's width with the root
-    in view, and "zoom to fit" shows all of it."""
+    """A 512-node tree, more than the default budget (300 rows): an overview, at most BREADTH (12) children a
+    node: the ten other branches whole, two examples of the 480 identical leaves and one "+478 more leaves like
+    these" group; it fits the box's width with the root in view, and "zoom to fit" shows all of it."""
     nodes, texts = _big_tree()
     rows, summary = build_rows(nodes, lambda i, n: (texts.get(i, ""), []))
     assert summary["nodes"] == 512 and len(rows) < 60  # an overview, not 299 identical leaves
     (group,) = [r for r in rows if r.get("group")]
-    assert (group["children"], group["leaves"], group["shapes"], group["like_shown"]) == (468, 468, 1, True)
-    assert len([r for r in rows if r["parent"] == 1 and not r.get("group")]) == 12 + 10
+    assert (group["children"], group["leaves"], group["shapes"], group["like_shown"]) == (478, 478, 1, True)
+    assert len([r for r in rows if r["parent"] == 1 and not r.get("group")]) == 2 + 10
 
     with open_browser(chromium) as browser:
         page = Page(browser, "light", 700)
@@ -237,7 +238,7 @@ def test_a_500_node_tree_is_an_overview_that_fits(chromium):
                        sum: document.querySelector('.sgnb-rt-sum').textContent };
             }""")
             assert geo["drawn"] == len(rows) and geo["scrollW"] <= geo["clientW"], geo
-            assert geo["rootIn"] and geo["groups"] == ["+468 more leaves like these"], geo
+            assert geo["rootIn"] and geo["groups"] == ["+478 more leaves like these"], geo
             assert "511 nodes below the root" in geo["sum"] and "+1 groups" in geo["sum"]
             ARTIFACTS.mkdir(exist_ok=True)
             page.page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-500-overview.png"))
@@ -249,6 +250,118 @@ def test_a_500_node_tree_is_an_overview_that_fits(chromium):
             assert zoomed["scrollH"] <= zoomed["clientH"] + 1 and zoomed["scrollW"] <= zoomed["clientW"], zoomed
             page.page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-500-zoomed.png"))
             assert not page.errors, page.errors
+        finally:
+            page.close()
+
+
+# the RadixTreeView's own ES module (radix_tree.js with radix_tree_draw.js inlined) over a stand-in for anywidget's
+# model; `deliver(text)` is a kernel message: parsed and applied in a task of its own (as the widget manager handles
+# a comm message), then drawn on the next frame. Every main-thread task over 50 ms is recorded (the long-task API).
+WIDGET_PAGE = """<!doctype html><html><head><meta charset="utf-8"></head><body style="margin: 8px">
+<div id="out" style="width: %dpx"></div>
+<script type="module">
+const listeners = {};
+window.STATE = { nodes: [], summary: {}, collapsed: [], expanded: [], selected: null, details: {} };
+const model = { get: (k) => window.STATE[k], set: (k, v) => { window.STATE[k] = v; }, save_changes() {},
+                on: (e, f) => { (listeners[e] ||= []).push(f); }, off() {} };
+window.LONG = [];
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) window.LONG.push([Math.round(e.startTime), Math.round(e.duration)]);
+}).observe({ type: "longtask" });
+window.DELIVERED = 0;
+window.deliver = (text) => setTimeout(() => {
+  const msg = JSON.parse(text);
+  for (const [k, v] of Object.entries(msg)) {
+    window.STATE[k] = v;
+    for (const f of listeners[`change:${k}`] || []) f();
+  }
+  window.DELIVERED += 1;
+}, 0);
+window.busy = (ms) => setTimeout(() => { const end = performance.now() + ms; while (performance.now() < end); }, 0);
+const url = URL.createObjectURL(new Blob([window.ESM], { type: "text/javascript" }));
+const mod = await import(url);
+mod.default.render({ model, el: document.getElementById("out") });
+window.READY = true;
+</script></body></html>"""
+
+
+def test_a_5000_node_tree_updates_without_long_tasks(chromium):
+    """A run_batch's tree in the engine's RadixCache, growing from ~3,500 to ~5,000 nodes in 34 updates (the new
+    nodes marked as the view marks them), drawn by the widget's own module: an overview that fits its box (the
+    shared prefix and the fan-out under it, "+N" rows and folded subtrees saying how much they hold), and no
+    main-thread task over 100 ms while it updates (the long-task API; a 150 ms task made on purpose shows the
+    observer sees them). A whitespace-only label shows its blanks."""
+    import json
+
+    from radix_workloads import FEWSHOT, ClassifyBatch
+
+    from sgnb.widgets._esm import bundle
+
+    batch = ClassifyBatch()
+    batch.add(760)
+    batch.nodes(mark_new=True)
+
+    def message() -> str:
+        rows, summary = build_rows(batch.nodes(mark_new=True), batch.label)
+        return json.dumps({"nodes": rows, "summary": summary})
+
+    with open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 860, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.add_init_script(f"window.ESM = {json.dumps(bundle('radix_tree.js'))};")
+        page.route(ORIGIN + "**", lambda r: r.fulfill(status=200, content_type="text/html", body=WIDGET_PAGE % 800))
+        try:
+            page.goto(ORIGIN + "index.html")
+            page.wait_for_function("window.READY === true", timeout=10_000)
+            page.evaluate("(t) => window.deliver(t)", message())
+            page.wait_for_function("document.querySelectorAll('.sgnb-rt-node').length > 20", timeout=10_000)
+            page.wait_for_timeout(300)
+            page.evaluate("() => window.busy(150)")  # the observer works: this one is seen
+            page.wait_for_function("window.LONG.some(([, d]) => d >= 140)", timeout=5_000)
+            page.evaluate("() => { window.LONG = []; }")
+
+            sent = 0
+            for _ in range(34):  # ~10 updates a second, each a message of its own
+                batch.add(10)
+                page.evaluate("(t) => window.deliver(t)", message())
+                sent += 1
+                page.wait_for_function(f"window.DELIVERED >= {sent + 1}", timeout=10_000)
+                page.wait_for_timeout(100)
+            page.wait_for_timeout(500)
+            long_tasks = page.evaluate("window.LONG")
+            print(f"long tasks while updating ({sent} updates, {len(batch.nodes())} nodes): {long_tasks}")
+            assert all(d <= 100 for _, d in long_tasks), long_tasks
+
+            rows = json.loads(message())["nodes"]
+            page.evaluate("(t) => window.deliver(t)", json.dumps({"nodes": rows}))
+            page.wait_for_function(f"window.DELIVERED >= {sent + 2}")
+            page.wait_for_timeout(300)
+            geo = page.evaluate("""() => {
+              const scroll = document.querySelector('.sgnb-rt-scroll');
+              return { drawn: document.querySelectorAll('.sgnb-rt-node').length, sum: document.querySelector('.sgnb-rt-sum').textContent,
+                       scrollW: scroll.scrollWidth, clientW: scroll.clientWidth, layout: document.querySelector('.sgnb-rt').dataset.layout,
+                       labels: [...document.querySelectorAll('.sgnb-rt-node text.main')].map(t => t.textContent),
+                       subs: [...document.querySelectorAll('.sgnb-rt-node text.sub')].map(t => t.textContent) };
+            }""")
+            assert geo["drawn"] == len(rows) and geo["scrollW"] <= geo["clientW"], geo
+            assert re.search(r"\d{4} nodes below the root", geo["sum"]) and "overview" in geo["sum"], geo["sum"]
+            assert any(label.startswith("Classify the sentiment") for label in geo["labels"])
+            assert any(re.search(r"\+\d+ below", sub) for sub in geo["subs"])  # folded subtrees count themselves
+            assert any(label.startswith("+") for label in geo["labels"])  # and "+N" rows the rest
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-5000-overview.png"))
+
+            # a gen that wrote blanks only: its node's label shows them
+            small = ClassifyBatch()
+            small.insert_text(FEWSHOT + "Review: fine.\nSentiment: positive")
+            small.insert_text(FEWSHOT + "Review: fine.\nSentiment: positive   ")
+            small.insert_text(FEWSHOT + "Review: fine.\nSentiment: positive\n")
+            r, s = build_rows(small.nodes(), small.label)
+            page.evaluate("(t) => window.deliver(t)", json.dumps({"nodes": r, "summary": s}))
+            page.wait_for_function("[...document.querySelectorAll('.sgnb-rt-node text.main')]"
+                                   ".some(t => t.textContent === '␣␣␣')", timeout=5_000)
+            assert not errors, errors
         finally:
             page.close()
 

@@ -36,8 +36,9 @@ def _check_rows(rows: list[dict], nodes: list[Node], max_nodes: int) -> None:
         seen.add(r["id"])
     assert len(rows) <= max_nodes
     shown = [r for r in rows if not r.get("group")]
-    assert len(shown) + sum(r["count"] for r in rows if r.get("group")) == len(nodes)
-    assert sum(r["tokens"] for r in rows) == sum(n.tokens for n in nodes)
+    below = sum(r.get("below", 0) for r in rows)  # the subtrees an overview folded into their tops
+    assert len(shown) + sum(r["count"] for r in rows if r.get("group")) + below == len(nodes)
+    assert sum(r["tokens"] + r.get("below_tokens", 0) for r in rows) == sum(n.tokens for n in nodes)
 
 
 # ---- packaging ---------------------------------------------------------------------------------------------
@@ -257,3 +258,38 @@ def test_the_widget_and_the_panel_draw_the_same_rows(engine, monkeypatch):
         view.detach()
     finally:
         sgnb.set_default_backend(before)
+
+
+def test_a_5000_node_tree_is_an_overview():
+    """A run_batch of 1,100 classification programs in the engine's RadixCache (~5,000 nodes): an overview of at
+    most OVERVIEW_ROWS rows and BREADTH children a node, every node drawn or counted (in a "+N" row or folded
+    into its top), the branches right under the shared prefix all shown; opening a folded node shows its
+    children on top of the overview."""
+    from radix_workloads import ClassifyBatch
+
+    from sgnb.widgets._tree_rows import BREADTH, OVERVIEW_ROWS
+
+    batch = ClassifyBatch()
+    batch.add(1100)
+    nodes = batch.nodes()
+    assert len(nodes) >= 4800
+    rows, summary = build_rows(nodes, batch.label)
+    _check_rows(rows, nodes, OVERVIEW_ROWS)
+    assert summary["overview"] and summary["nodes"] == len(nodes) and summary["folded"] > 0
+    kids: dict = {}
+    for r in rows:
+        if not r.get("group") and r["parent"] is not None:
+            kids.setdefault(r["parent"], []).append(r["id"])
+    assert max(len(k) for k in kids.values()) <= BREADTH
+    (prefix,) = kids[0]
+    assert next(r for r in rows if r["id"] == prefix)["text"].startswith("Classify the sentiment")
+    under = batch.cache.nodes[prefix].children.values()
+    assert sorted(kids[prefix]) == sorted(n.id for n in under)  # the first level of the fan-out, whole
+    folded = next(r for r in rows if r.get("below"))
+    opened, _ = build_rows(nodes, batch.label, expanded={folded["id"]})
+    assert {n.id for n in batch.cache.nodes[folded["id"]].children.values()} <= {r["id"] for r in opened}
+    # a tree within the budget is drawn whole, as before
+    small = ClassifyBatch()
+    small.add(40)
+    rows, summary = build_rows(small.nodes(), small.label)
+    assert not summary["overview"] and len(rows) == len(small.nodes()) and not summary["folded"]
