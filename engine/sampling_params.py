@@ -67,6 +67,9 @@ class SamplingParams:
                 raise bad(name, "must be a string")
         if self.seed is not None and not is_strict_int(self.seed):
             raise bad("seed", "must be an int or null")
+        if self.seed is not None and not -(1 << 63) <= self.seed <= (1 << 63) - max(self.n, 1):
+            # a generator takes a 64-bit seed; sample j of n draws with seed + j
+            raise bad("seed", "must be an int in [-2**63, 2**63 - n] (a 64-bit seed; sample j draws with seed + j)")
         if self.max_new_tokens < 0:
             raise bad("max_new_tokens", "must be >= 0")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:

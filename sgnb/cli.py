@@ -83,6 +83,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     access.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
                         help="largest request body (default 8 MiB; larger is a 413)")
     access.add_argument("--max-n", type=int, default=None, metavar="N", help="samples per prompt (default 64)")
+    access.add_argument("--max-samples", type=int, default=None, metavar="N",
+                        help="samples per request, prompts x n (default 512)")
     access.add_argument("--max-top-logprobs-num", type=int, default=None, metavar="N",
                         help="top_logprobs_num on /generate (default 64; the OpenAI routes allow 20)")
     parser.add_argument("--shutdown-grace", type=float, default=None, metavar="SECONDS",
@@ -98,7 +100,7 @@ def server_options(args: argparse.Namespace) -> Any:
     """The ServerOptions the serve flags ask for."""
     from sgnb.server import ServerOptions
 
-    given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n,
+    given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n, "max_samples": args.max_samples,
              "max_top_logprobs_num": args.max_top_logprobs_num, "shutdown_grace": args.shutdown_grace}
     hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,

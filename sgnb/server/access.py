@@ -40,11 +40,15 @@ class ServerOptions:
     bound_host: str = "127.0.0.1"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_n: int = 64  # samples per prompt
+    max_samples: int = 512  # samples per request: prompts x n (a 60 KB batch could ask for 192,000)
     max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
     incremental_streaming_output: bool = False
     shutdown_grace: float = 5.0  # seconds requests in flight may run on once shutdown starts; then aborted
 
     def __post_init__(self) -> None:
+        for name in ("max_n", "max_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
