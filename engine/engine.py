@@ -43,7 +43,7 @@ from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
-from sgnb.engine.sampling_params import SamplingParams, is_strict_int
+from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
@@ -413,6 +413,7 @@ class Engine:
                 grammar_key = (kind, source)
                 grammar_future = compiles.get(grammar_key)
                 if grammar_future is None:  # one compile_async (one waiter: _compiled releases it) per grammar
+                    check_constraint_size(kind, source, self.config.max_grammar_bytes)
                     backend = self.grammar_backend()
                     backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
                     grammar_future = compiles[grammar_key] = backend.compile_async(kind, source)

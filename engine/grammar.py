@@ -30,7 +30,7 @@ import torch
 import xgrammar as xgr
 from xgrammar import CompiledGrammar
 
-from sgnb.engine.sampling_params import SamplingParams
+from sgnb.engine.sampling_params import SamplingParams, check_constraint_size
 from sgnb.engine.tokenizer import Tokenizer
 
 __all__ = [
@@ -101,10 +101,7 @@ class GrammarBackend:
         parsed grammar's size decides which lane compiles it (see _is_big).
         """
         _check_kind(kind, source)
-        size = len(source.encode("utf-8", "surrogatepass"))
-        if size > self.max_source_bytes:
-            raise ValueError(f"{kind}: {size} bytes, over this engine's limit of {self.max_source_bytes} for a "
-                             "constraint (max_grammar_bytes; sgnb serve --max-grammar-bytes)")
+        check_constraint_size(kind, source, self.max_source_bytes)
         grammar = validate_constraint(kind, source, self.json_any_whitespace)
         big = _is_big(grammar)
         with self._lock:

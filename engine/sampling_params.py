@@ -139,3 +139,14 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_constraint_size(kind: str, source: object, limit: int) -> None:
+    """ValueError naming the limit when a regex / json_schema / ebnf source is over `limit` bytes (checked before
+    the grammar is parsed or compiled: a compile's time grows with its source)."""
+    if not isinstance(source, str):
+        return  # the grammar backend words the type error
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ValueError(f"{kind}: {size} bytes, over this engine's limit of {limit} for a constraint "
+                         "(max_grammar_bytes; sgnb serve --max-grammar-bytes)")
