@@ -88,9 +88,23 @@ class EngineConfig:
     encoder_cache_bytes: int | None = None
     cache_dir: str | None = None
     event_history: int = 10_000  # events kept for late subscribers (widgets)
+    # what one request may ask of the engine (docs/security.md): a regex / JSON schema / EBNF's bytes and how
+    # long the request waits for its grammar's compile (then a ValueError naming the limit); an image's pixels
+    # (an image file's header is read before it is decoded, a video's frame size before its frames); frames
+    # sampled from one video
+    max_grammar_bytes: int = 64 << 10
+    grammar_compile_timeout: float = 10.0
+    max_image_pixels: int = 36_000_000
+    max_video_frames: int = 64
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        for name in ("max_grammar_bytes", "max_image_pixels", "max_video_frames"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -43,7 +43,7 @@ from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
-from sgnb.engine.sampling_params import SamplingParams, is_strict_int
+from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
@@ -218,7 +218,8 @@ class Engine:
             if self._grammar_backend is None:
                 from sgnb.engine.grammar import GrammarBackend
 
-                self._grammar_backend = GrammarBackend(self.tokenizer, self.source.config.vocab_size)
+                self._grammar_backend = GrammarBackend(self.tokenizer, self.source.config.vocab_size,
+                                                       max_source_bytes=self.config.max_grammar_bytes)
             return self._grammar_backend
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -244,6 +245,7 @@ class Engine:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+            _check_unicode(prompt, "prompt")
             if len(prompt) > (limit - 1) * self.tokenizer.max_token_chars:  # too long to fit: skip encoding it
                 raise ValueError(f"the prompt has {len(prompt)} characters, more than the {limit - 1} tokens this "
                                  f"engine takes could hold (context length {self.context_length})")
@@ -305,7 +307,8 @@ class Engine:
             if self._media_processor is None:
                 from sgnb.engine.multimodal import MultimodalProcessor
 
-                self._media_processor = MultimodalProcessor(self.source)
+                self._media_processor = MultimodalProcessor(self.source, self.config.max_image_pixels,
+                                                            self.config.max_video_frames)
             return self._media_processor
 
     def _media_items(self, image_data: Any, video_data: Any) -> list[Any]:
@@ -329,11 +332,27 @@ class Engine:
             if self.vision.video_token is None:
                 raise ValueError(f"{self.source.name} takes images but no videos")
             path, frames = video_args(spec)
+            self._check_frames(frames, proc)
             try:
                 items.append(proc.video(path, frames))
             except ValueError as e:
                 raise ValueError(f"video {n + 1} of {len(videos)}: {e}") from None
         return items
+
+    def _check_frames(self, frames: Any, proc: Any) -> None:
+        """num_frames within max_video_frames and the context, before the video is opened."""
+        if not is_strict_int(frames) or frames < 1:
+            return  # the processor words that error
+        most = self.config.max_video_frames
+        if frames > most:
+            raise ValueError(f"num_frames={frames}: at most {most} frames per video on this engine "
+                             "(max_video_frames; sgnb serve --max-video-frames)")
+        from sgnb.engine.multimodal import video_token_count
+
+        tokens, limit = video_token_count(proc.spec, frames), min(self.context_length, self.runner.kv_pool.size)
+        if tokens >= limit:
+            raise ValueError(f"num_frames={frames}: {tokens} video tokens, more than this engine takes in one prompt "
+                             f"({limit - 1})")
 
     def _with_media(self, ids: list[int], image_data: Any, video_data: Any,
                     items: list[Any] | None = None) -> tuple[list[int], list[Any]]:
@@ -384,18 +403,27 @@ class Engine:
         False, refused (what HTTP clients get, as from OpenAI and SGLang)."""
         items = inp.prompts()
         reqs: list[Req] = []
+        compiles: dict[tuple[str, str], Any] = {}
         for item in items:
+            if item.rid is not None:
+                if not isinstance(item.rid, str):
+                    raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
+                _check_unicode(item.rid, "rid")
             ids = self._tokens(item.prompt, item.input_ids)  # type: ignore[arg-type]
             ids, placements = self._with_media(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(item.sampling_params)
-            grammar_future = None
+            grammar_future = grammar_key = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
                 from sgnb.engine.grammar import constraint_of
 
                 kind, source = constraint_of(sp)  # type: ignore[misc]
-                backend = self.grammar_backend()
-                backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
-                grammar_future = backend.compile_async(kind, source)  # off the scheduler's critical path
+                grammar_key = (kind, source)
+                grammar_future = compiles.get(grammar_key)
+                if grammar_future is None:  # one compile_async (one waiter: _compiled releases it) per grammar
+                    check_constraint_size(kind, source, self.config.max_grammar_bytes)
+                    backend = self.grammar_backend()
+                    backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
+                    grammar_future = compiles[grammar_key] = backend.compile_async(kind, source)
             room = self.context_length - len(ids)
             if sp.max_new_tokens > room and not fit_to_context:
                 raise ValueError(f"sampling_params.max_new_tokens={sp.max_new_tokens}: the prompt's {len(ids)} tokens "
@@ -424,7 +452,7 @@ class Engine:
             for j, name in enumerate(sample_rids(base, sp.n)):
                 req = Req(name, ids, dataclasses.replace(sp, n=1), return_logprob=bool(item.return_logprob),
                           logprob_start_len=start, top_logprobs_num=top)
-                req.grammar_future = grammar_future
+                req.grammar_future, req.grammar_key = grammar_future, grammar_key
                 req.mm = placements
                 if sp.seed is not None:
                     req.generator = torch.Generator(device=self.runner.device).manual_seed(sample_seed(sp.seed, j))
@@ -451,6 +479,7 @@ class Engine:
         self._check_open()
         reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, rid, image_data, video_data))
+        self._compiled_sync(reqs)
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
@@ -524,8 +553,10 @@ class Engine:
         # images, videos and long texts are decoded, preprocessed and tokenized off the caller's event loop (a
         # server's: a multi-megabyte prompt would stall every other client meanwhile)
         text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))
-        off_loop = image_data is not None or video_data is not None or text_chars > OFF_LOOP_PROMPT_CHARS
+        off_loop = (image_data is not None or video_data is not None or text_chars > OFF_LOOP_PROMPT_CHARS
+                    or _constrained(sampling_params))  # a grammar's parse: 1 s for a schema nested 200 deep
         reqs, many = await asyncio.to_thread(self._make_reqs, *args) if off_loop else self._make_reqs(*args)
+        await self._compiled(reqs)
         loop = asyncio.get_running_loop()
         if stream:
             if many:
@@ -533,6 +564,62 @@ class Engine:
             return self._astream(reqs[0], return_text_in_logprobs, loop)
         outs = await self._await(reqs, return_text_in_logprobs)
         return outs if many else outs[0]
+
+    # ---- grammars: compiled before their requests are submitted, within grammar_compile_timeout
+    def _grammars(self, reqs: list[Req]) -> dict[tuple[str, str], Any]:
+        return {r.grammar_key: r.grammar_future for r in reqs if r.grammar_future is not None}
+
+    def _compile_outcome(self, grammars: dict[tuple[str, str], Any]) -> None:
+        """Raise what a compile raised (its ValueError), or the timeout's ValueError for one still running."""
+        for (kind, _), fut in grammars.items():
+            if not fut.done():
+                limit = self.config.grammar_compile_timeout
+                raise ValueError(f"{kind}: the constraint did not compile within {limit:g} s "
+                                 "(grammar_compile_timeout; sgnb serve --grammar-compile-timeout): fewer "
+                                 "properties, patterns or shorter repeats compile faster")
+            fut.result()
+
+    def _release_grammars(self, grammars: dict[tuple[str, str], Any]) -> None:
+        for kind, source in grammars:
+            self.grammar_backend().release(kind, source)
+
+    async def _compiled(self, reqs: list[Req]) -> None:
+        """Wait until the requests' grammars compiled (see _compile_outcome for the errors). However the wait
+        ends, its claim on each compile is released: a compile nobody waits for is dropped before it starts."""
+        grammars = self._grammars(reqs)
+        if not grammars:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            waits = []
+            for fut in grammars.values():
+                if not fut.done():
+                    woken = loop.create_future()
+                    fut.add_done_callback(lambda f, w=woken: _wake(loop, w))
+                    waits.append(woken)
+            if waits:
+                await asyncio.wait(waits, timeout=self.config.grammar_compile_timeout)
+            self._compile_outcome(grammars)
+        finally:
+            self._release_grammars(grammars)
+
+    def _compiled_sync(self, reqs: list[Req]) -> None:
+        """_compiled for a blocking caller (interruptible)."""
+        grammars = self._grammars(reqs)
+        if not grammars:
+            return
+        import concurrent.futures
+
+        try:
+            deadline = time.monotonic() + self.config.grammar_compile_timeout
+            while time.monotonic() < deadline:
+                _, late = concurrent.futures.wait(list(grammars.values()),
+                                                  timeout=min(wait_slice(), max(deadline - time.monotonic(), 0)))
+                if not late:
+                    break
+            self._compile_outcome(grammars)
+        finally:
+            self._release_grammars(grammars)
 
     async def _await(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
         loop = asyncio.get_running_loop()
@@ -934,3 +1021,24 @@ def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
                 break
     return max(end, 0)
 
+
+def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
+    """Resolve an asyncio future from any thread (nothing when its loop closed meanwhile)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """ValueError naming `name` when `text` holds a lone UTF-16 surrogate (no tokenizer takes one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name}: a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}: text must be "
+                         "valid Unicode") from None
+
+
+def _constrained(sampling_params: Any) -> bool:
+    """Whether a generate call's sampling params (a dict or one per prompt) hold a regex / JSON schema / EBNF."""
+    per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+    return any(isinstance(p, dict) and any(p.get(k) is not None for k in ("regex", "json_schema", "ebnf"))
+               for p in per)

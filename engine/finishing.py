@@ -228,7 +228,8 @@ class Finishing:
             self.active.remove(req)
         req.status = ReqStatus.FINISHED
         with self._rid_lock:
-            self._rids.discard(req.rid)
+            if self._rids.get(req.rid) is req:  # (an aborted request's rid may already name a new one)
+                del self._rids[req.rid]
         c = self.counters
         if reason["type"] == "abort":
             c.requests_aborted += 1

@@ -30,17 +30,18 @@ import torch
 import xgrammar as xgr
 from xgrammar import CompiledGrammar
 
-from sgnb.engine.sampling_params import SamplingParams
+from sgnb.engine.sampling_params import SamplingParams, check_constraint_size
 from sgnb.engine.tokenizer import Tokenizer
 
 __all__ = [
-    "CompiledGrammar", "GrammarBackend", "GrammarMatcher", "JumpForward", "allocate_bitmask", "apply_bitmask",
+    "CompileCancelled", "CompiledGrammar", "GrammarBackend", "GrammarMatcher", "JumpForward", "allocate_bitmask", "apply_bitmask",
     "apply_bitmask_torch", "apply_bitmask_xgrammar", "constraint_of", "flatten_bounded_repeats", "jump_forward",
     "validate_constraint",
 ]
 
 Kind = Literal["regex", "json_schema", "ebnf"]
 KINDS: tuple[str, ...] = ("regex", "json_schema", "ebnf")
+DEFAULT_MAX_SOURCE_BYTES = 64 << 10  # a constraint's source (EngineConfig.max_grammar_bytes)
 MAX_EXTENDERS_CHECKED = 32  # beyond this many grammar-allowed extenders, assume the last forced token may merge
 
 
@@ -64,11 +65,12 @@ class GrammarBackend:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, *, max_workers: int = 2,
                  mask_threads: int | None = None, json_any_whitespace: bool = True,
-                 cache_limit_bytes: int = 256 << 20) -> None:
+                 cache_limit_bytes: int = 256 << 20, max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.json_any_whitespace = json_any_whitespace
         self.cache_limit_bytes = cache_limit_bytes
+        self.max_source_bytes = max_source_bytes
         self.info, token_bytes = _tokenizer_info(tokenizer, vocab_size)
         # a step's masks, filled by xgrammar's C++ threads: half the machine's CPUs, 2 to 8 (a GPU step is
         # short, and a batch of 64 masks of a loose regex took ~45 ms on 2 threads: the JSON workloads'
@@ -80,29 +82,49 @@ class GrammarBackend:
                                             cache_enabled=False)
         self.vocab = TokenVocab(token_bytes)
         self.compile_count = 0  # compiles actually run (cache misses)
+        self.cancelled_count = 0  # compiles dropped before they started: nobody waited for them any more
         self._max_workers = max_workers
-        self._pool: ThreadPoolExecutor | None = None
+        # two lanes: small grammars never queue behind big ones (see _is_big), each lane has its own workers
+        self._pools: dict[bool, ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # LRU, newest last
+        self._waiters: dict[tuple[str, str], int] = {}  # requests waiting for a compile that is not done
+        self._big: OrderedDict[tuple[str, str], bool] = OrderedDict()  # each validated source's lane
         self._batch_filler: xgr.BatchGrammarMatcher | None = None
 
     # ---- validation and compilation ----------------------------------------------------------------------
     def validate(self, kind: str, source: str) -> None:
-        """Raise ValueError (with the parser's message) when `source` is not a valid `kind` constraint.
+        """Raise ValueError (with the parser's message) when `source` is not a valid `kind` constraint, or when
+        it is longer than max_source_bytes.
 
-        Parses only (sub-millisecond for typical constraints); the token-level compile happens in compile().
+        Parses only (milliseconds for typical constraints); the token-level compile happens in compile(). The
+        parsed grammar's size decides which lane compiles it (see _is_big).
         """
-        validate_constraint(kind, source, self.json_any_whitespace)
+        _check_kind(kind, source)
+        check_constraint_size(kind, source, self.max_source_bytes)
+        grammar = validate_constraint(kind, source, self.json_any_whitespace)
+        big = _is_big(grammar)
+        with self._lock:
+            self._big[(kind, source)] = big
+            while len(self._big) > 4096:
+                self._big.popitem(last=False)
 
     def compile(self, kind: str, source: str) -> CompiledGrammar:
         """The compiled grammar for (kind, source), from the cache when present. Raises ValueError if invalid."""
-        return self.compile_async(kind, source).result()
+        fut = self.compile_async(kind, source)
+        try:
+            return fut.result()
+        finally:
+            self.release(kind, source)
 
     def compile_async(self, kind: str, source: str) -> Future:
-        """A Future of compile(kind, source), compiled on the backend's thread pool.
+        """A Future of compile(kind, source), compiled on the backend's thread pool. The caller waits for it
+        until it is done or it gives up, then calls release(kind, source): a compile nobody waits for any more
+        is dropped before it starts (its Future fails with CompileCancelled), never cached.
 
         Identical constraints share one Future: a batch of n equal requests compiles once. A failed compile
-        (ValueError in the Future) is not cached.
+        (ValueError in the Future) is not cached. Grammars validate() found big compile on their own workers,
+        so a small or cached grammar never waits behind a big one.
         """
         _check_kind(kind, source)
         key = (kind, source)
@@ -111,14 +133,39 @@ class GrammarBackend:
             # a failed Future may still be here: its waiters wake before the callback that drops it runs
             if fut is not None and not (fut.done() and fut.exception() is not None):
                 self._cache.move_to_end(key)
+                if not fut.done():
+                    self._waiters[key] = self._waiters.get(key, 0) + 1
                 return fut
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="sgnb-grammar")
+            big = self._big.get(key, True)  # never validated here: assume the worst
+            pool = self._pools.get(big)
+            if pool is None:
+                pool = self._pools[big] = ThreadPoolExecutor(
+                    self._max_workers, thread_name_prefix="sgnb-grammar-big" if big else "sgnb-grammar")
             self.compile_count += 1
-            fut = self._pool.submit(self._compile_now, kind, source)
+            self._waiters[key] = self._waiters.get(key, 0) + 1
+            fut = pool.submit(self._compile_wanted, kind, source)
             self._cache[key] = fut
         fut.add_done_callback(lambda f, key=key: self._settle(key, f))
         return fut
+
+    def release(self, kind: str, source: str) -> None:
+        """One waiter of compile_async(kind, source) stopped waiting (its compile ended, or it gave up)."""
+        key = (kind, source)
+        with self._lock:
+            left = self._waiters.get(key, 0) - 1
+            if left > 0:
+                self._waiters[key] = left
+            else:
+                self._waiters.pop(key, None)
+
+    def _compile_wanted(self, kind: str, source: str) -> CompiledGrammar:
+        with self._lock:
+            wanted = self._waiters.get((kind, source), 0) > 0
+            if not wanted:
+                self.cancelled_count += 1
+        if not wanted:  # its requests left (aborted, timed out) while it queued: compile nothing
+            raise CompileCancelled(f"the {kind} compile was cancelled: no request waits for it")
+        return self._compile_now(kind, source)
 
     def _compile_now(self, kind: str, source: str) -> CompiledGrammar:
         try:
@@ -142,6 +189,8 @@ class GrammarBackend:
     def _settle(self, key: tuple[str, str], fut: Future) -> None:
         """Drop failed compiles; evict least recently used grammars past the byte limit."""
         with self._lock:
+            if self._cache.get(key) is fut:
+                self._waiters.pop(key, None)  # done: nobody waits for it any more
             if fut.exception() is not None:
                 if self._cache.get(key) is fut:
                     del self._cache[key]
@@ -158,9 +207,9 @@ class GrammarBackend:
 
     def close(self) -> None:
         """Stop the compile threads (pending compiles finish first)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
+        self._pools = {}
 
     # ---- matching ----------------------------------------------------------------------------------------
     def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
@@ -247,21 +296,43 @@ def _token_bytes(token: str, vocab_type: xgr.VocabType) -> bytes:
     return token.encode("utf-8")
 
 
-def validate_constraint(kind: str, source: str, json_any_whitespace: bool = True) -> None:
-    """Parse a constraint without any tokenizer: ValueError with the parser's message when it is invalid.
-    The language calls this at the gen() line, the engine at submission."""
+def validate_constraint(kind: str, source: str, json_any_whitespace: bool = True) -> xgr.Grammar:
+    """Parse a constraint without any tokenizer: its grammar, or ValueError with the parser's message when it is
+    invalid. The language calls this at the gen() line, the engine at submission."""
     _check_kind(kind, source)
     try:
         if kind == "regex":
-            xgr.Grammar.from_regex(source)
-        elif kind == "json_schema":
-            xgr.Grammar.from_json_schema(_schema_text(source), any_whitespace=json_any_whitespace)
-        else:
-            xgr.Grammar.from_ebnf(source)
+            return xgr.Grammar.from_regex(source)
+        if kind == "json_schema":
+            return xgr.Grammar.from_json_schema(_schema_text(source), any_whitespace=json_any_whitespace)
+        return xgr.Grammar.from_ebnf(source)
     except ValueError:
         raise
     except Exception as e:  # xgrammar raises RuntimeError from its C++ parsers
         raise ValueError(f"invalid {kind}: {_parser_message(e)}") from None
+
+
+class CompileCancelled(Exception):
+    """A compile dropped before it started: every request that wanted it had gone."""
+
+
+# ---- compile lanes -------------------------------------------------------------------------------------------
+# A compile's time grows with the grammar's rules and with its bounded repeats, which xgrammar writes out as
+# nested rules: on this machine `[0-9]{3}` compiles in 1 ms, `[a-z]{1,2000}` (13 bytes) in 0.7 s, a JSON schema of
+# 100 properties with a `pattern` each in 1.5 s, 2,000 of them in ~20 s. A grammar whose printed EBNF is long or
+# holds a repeat past BIG_REPEAT compiles in the "big" lane, with its own workers: what the parse shows is enough
+# to keep every small grammar out of a big one's queue, and a big one is bounded by max_grammar_bytes and by the
+# time the engine lets a request wait for it (grammar_compile_timeout).
+BIG_GRAMMAR_CHARS = 4000
+BIG_REPEAT = 64
+_REPEAT = re.compile(r"\{(\d+)(?:,\s*(\d*))?\}")
+
+
+def _is_big(grammar: xgr.Grammar) -> bool:
+    text = str(grammar)
+    if len(text) > BIG_GRAMMAR_CHARS:
+        return True
+    return any(int(hi or lo) > BIG_REPEAT for lo, hi in _REPEAT.findall(text))
 
 
 # ---- bounded repeats ---------------------------------------------------------------------------------------

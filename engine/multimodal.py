@@ -133,7 +133,11 @@ class MultimodalProcessor:
     keep no state between calls, but transformers' processors are not documented thread-safe: use one thread.
     """
 
-    def __init__(self, source: ModelSource) -> None:
+    def __init__(self, source: ModelSource, max_image_pixels: int | None = None,
+                 max_video_frames: int | None = None) -> None:
+        # what one image / video may cost (EngineConfig's limits): checked from headers before anything is decoded
+        self.max_image_pixels = max_image_pixels
+        self.max_video_frames = max_video_frames
         spec = source.config.vision
         if spec is None:
             raise ValueError(f"{source.name} is not a multimodal model: it takes no images or videos")
@@ -152,7 +156,7 @@ class MultimodalProcessor:
         """An image given as a path (str or Path), a PIL image, a uint8 array (H, W, 3), encoded bytes, or a
         "data:image/...;base64," URL. Raises ValueError for URLs that would need the network, missing or
         unreadable files, bytes that are not an image, and arrays of the wrong shape or dtype."""
-        img = decode_image(data)
+        img = decode_image(data, self.max_image_pixels)
         height, width = img.height, img.width
         out = self._image_proc(images=[img], return_tensors="pt")
         pixels = out["pixel_values"]
@@ -184,7 +188,10 @@ class MultimodalProcessor:
         if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or num_frames < 1:
             raise ValueError(f"num_frames must be a positive int, got {num_frames!r}")
         num_frames = int(num_frames)
-        frames, indices, total = read_video(data, num_frames)
+        if self.max_video_frames is not None and num_frames > self.max_video_frames:
+            raise ValueError(f"num_frames={num_frames}: at most {self.max_video_frames} frames per video on this "
+                             "engine (max_video_frames; sgnb serve --max-video-frames)")
+        frames, indices, total = read_video(data, num_frames, self.max_image_pixels)
         from PIL import Image
 
         images = [Image.fromarray(f) for f in frames]
@@ -252,10 +259,14 @@ def _frame_processor(settings: dict[str, Any]) -> Any:
 
 
 # ---- decoding -----------------------------------------------------------------------------------------------
-def decode_image(data: Any) -> Image.Image:
+def decode_image(data: Any, max_pixels: int | None = None) -> Image.Image:
     """`data` (see MultimodalProcessor.image) as an RGB PIL image: EXIF orientation applied and transparency
-    composited onto white, as transformers' image loading does. Raises ValueError naming what was wrong."""
+    composited onto white, as transformers' image loading does. Raises ValueError naming what was wrong; encoded
+    data of more than `max_pixels` pixels (read from its header) is refused before it is decoded."""
     from PIL import Image, ImageOps
+
+    def _open_bytes(raw: bytes, what: str) -> Image.Image:
+        return _open_image(raw, what, max_pixels)
 
     if isinstance(data, Path):
         img = _open_bytes(read_file(data, "image"), f"image file {str(data)!r}")
@@ -288,15 +299,33 @@ def decode_image(data: Any) -> Image.Image:
         raise ValueError(f"the image cannot be decoded: {e}") from None
 
 
-def _open_bytes(raw: bytes, what: str) -> Image.Image:
+def _open_image(raw: bytes, what: str, max_pixels: int | None) -> Image.Image:
     from PIL import Image
 
     try:
-        img = Image.open(io.BytesIO(raw))
+        img = Image.open(io.BytesIO(raw))  # reads the header only
+        _check_pixels(img.width, img.height, max_pixels, what)
         img.load()  # decode now: a truncated file fails here, not inside the processor
-    except (Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
+    except Image.DecompressionBombError as e:  # Pillow's own limit, past twice its MAX_IMAGE_PIXELS
+        if max_pixels is not None:
+            raise ValueError(f"{what}: over this engine's limit of {max_pixels:,} pixels per image "
+                             f"(max_image_pixels; sgnb serve --max-image-pixels): {e}") from None
+        raise ValueError(f"{what} is not a readable image ({len(raw)} bytes): {e}") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        if isinstance(e, _TooManyPixels):
+            raise ValueError(str(e)) from None
         raise ValueError(f"{what} is not a readable image ({len(raw)} bytes): {e}") from None
     return img
+
+
+class _TooManyPixels(ValueError):
+    pass
+
+
+def _check_pixels(width: int, height: int, max_pixels: int | None, what: str) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise _TooManyPixels(f"{what} is {width} x {height} = {width * height:,} pixels, over this engine's limit "
+                             f"of {max_pixels:,} per image (max_image_pixels; sgnb serve --max-image-pixels)")
 
 
 def thumbnail(img: Image.Image) -> str:
@@ -313,31 +342,34 @@ def uniform_indices(total: int, num_frames: int) -> list[int]:
     return np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
 
 
-def read_video(data: Any, num_frames: int) -> tuple[list[np.ndarray], list[int], int]:
+def read_video(data: Any, num_frames: int, max_pixels: int | None = None) -> tuple[list[np.ndarray], list[int], int]:
     """(frames as uint8 (H, W, 3) RGB arrays, their indices, the video's frame count) of a video given as a file
     path, bytes or a data: URL (`image_io.video_source`; opened with `image_io.open_video`: known containers
     only, nothing they name is opened).
 
     Uses the container's frame count when it has one (one decoding pass that keeps only the sampled frames),
-    else counts the frames first. Raises ValueError for every way the input can fail to give frames."""
+    else counts the frames first. Raises ValueError for every way the input can fail to give frames, and (before
+    any frame is decoded) for frames of more than `max_pixels` pixels as the container states their size."""
     source, where = video_source(data)
-    declared = _video_frames(source, where, None)[1]
-    total = declared if declared > 0 else _video_frames(source, where, [])[2]
+    declared = _video_frames(source, where, None, max_pixels)[1]
+    total = declared if declared > 0 else _video_frames(source, where, [], max_pixels)[2]
     if total == 0:
         raise ValueError(f"{where} has no frames")
     indices = uniform_indices(total, num_frames)
-    frames, _, seen = _video_frames(source, where, indices)
+    frames, _, seen = _video_frames(source, where, indices, max_pixels)
     if len(frames) < len(indices):  # the container declared more frames than it holds: sample what is there
         if seen == 0:
             raise ValueError(f"{where} has no frames")
         total, indices = seen, uniform_indices(seen, num_frames)
-        frames, _, _ = _video_frames(source, where, indices)
+        frames, _, _ = _video_frames(source, where, indices, max_pixels)
     return frames, indices, total
 
 
-def _video_frames(source: Path | bytes, where: str, wanted: list[int] | None) -> tuple[list[np.ndarray], int, int]:
+def _video_frames(source: Path | bytes, where: str, wanted: list[int] | None,
+                  max_pixels: int | None = None) -> tuple[list[np.ndarray], int, int]:
     """Open the video and return (the frames at `wanted`, in that order, the declared frame count (0: unknown),
-    how many frames were decoded). wanted=None only opens and checks it; [] decodes every frame to count them."""
+    how many frames were decoded). wanted=None only opens and checks it (the frame size against `max_pixels`
+    too); [] decodes every frame to count them."""
     import av
 
     with open_video(source, where) as container:
@@ -348,6 +380,10 @@ def _video_frames(source: Path | bytes, where: str, wanted: list[int] | None) ->
         if wanted is None:
             if stream.codec_context is None:
                 raise ValueError(f"{where}: no decoder for its video codec")
+            try:
+                _check_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels, f"{where}'s frame")
+            except _TooManyPixels as e:
+                raise ValueError(str(e)) from None
             return [], declared, 0
         want = set(wanted)
         last = max(wanted) if wanted else None
@@ -357,9 +393,12 @@ def _video_frames(source: Path | bytes, where: str, wanted: list[int] | None) ->
             for i, frame in enumerate(container.decode(stream)):
                 seen = i + 1
                 if i in want:
+                    _check_pixels(frame.width, frame.height, max_pixels, f"{where}'s frame {i}")  # size changes
                     got[i] = frame.to_ndarray(format="rgb24")  # (H, W, 3) uint8
                 if last is not None and i >= last:
                     break
+        except _TooManyPixels as e:
+            raise ValueError(str(e)) from None
         except (av.FFmpegError, ValueError) as e:
             raise ValueError(f"{where} cannot be decoded: {e}") from None
     if not want:

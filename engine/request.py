@@ -68,6 +68,7 @@ class Req:
         self.input_logprobs_done = not (return_logprob and logprob_start_len >= 0)
         # structured output: a compile future at submission, the matcher once admitted
         self.grammar_future: Any = None
+        self.grammar_key: tuple[str, str] | None = None  # (kind, source) of the constraint grammar_future compiles
         self.grammar: Any = None
         # a grammar that starts after the reasoning (sampling_params.grammar_after): its matcher waits here until
         # the output holds the reasoning's closing marker

@@ -70,6 +70,9 @@ class SamplingParams:
                 raise bad(name, "must be a string")
         if self.seed is not None and not is_strict_int(self.seed):
             raise bad("seed", "must be an int or null")
+        if self.seed is not None and not -(1 << 63) <= self.seed <= (1 << 63) - max(self.n, 1):
+            # a generator takes a 64-bit seed; sample j of n draws with seed + j
+            raise bad("seed", "must be an int in [-2**63, 2**63 - n] (a 64-bit seed; sample j draws with seed + j)")
         if self.max_new_tokens < 0:
             raise bad("max_new_tokens", "must be >= 0")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
@@ -139,3 +142,14 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_constraint_size(kind: str, source: object, limit: int) -> None:
+    """ValueError naming the limit when a regex / json_schema / ebnf source is over `limit` bytes (checked before
+    the grammar is parsed or compiled: a compile's time grows with its source)."""
+    if not isinstance(source, str):
+        return  # the grammar backend words the type error
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ValueError(f"{kind}: {size} bytes, over this engine's limit of {limit} for a constraint "
+                         "(max_grammar_bytes; sgnb serve --max-grammar-bytes)")

@@ -125,10 +125,10 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.generator = torch.Generator(device=runner.device).manual_seed(config.random_seed)
         self._pending_flush: list[Future] = []
         self._stop = False
-        self._aborts: set[str] = set()
+        self._aborts: dict[int, Req] = {}  # id -> the request an abort names (not its rid: see abort)
         self.thread = threading.Thread(target=self._run, name="sgnb-scheduler", daemon=True)
         self.fatal: BaseException | None = None
-        self._rids: set[str] = set()  # rids of requests submitted and not finished (submit checks them)
+        self._rids: dict[str, Req] = {}  # rid -> the request submitted under it, not finished nor aborted
         # overlap scheduling (see _launch): on CUDA in this process unless disabled; forced on for tests
         overlap = config.disable_overlap_schedule
         self.overlap = (runner.device.type == "cuda" and getattr(runner, "supports_overlap", False)
@@ -150,12 +150,18 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
             if taken:
                 raise ValueError(f"rid {taken[0]!r} is already in use by a request in flight: give each request "
                                  "its own rid (or none)")
-            self._rids.update(seen)
+            self._rids.update((r.rid, r) for r in reqs)
         for req in reqs:
             self.inbox.put(("req", req))
 
     def abort(self, rid: str) -> None:
-        self.inbox.put(("abort", rid))
+        """Abort the request in flight under `rid` (any thread). Its rid is free again at once: an interrupted
+        caller may resubmit under the same rid right away, and the abort (queued before that request) ends only
+        the old one."""
+        with self._rid_lock:
+            req = self._rids.pop(rid, None)
+        if req is not None:
+            self.inbox.put(("abort", req))
 
     def flush(self) -> Future:
         fut: Future = Future()
@@ -272,7 +278,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                                              "prompt_tokens": len(payload.origin_input_ids),
                                              "input_ids": payload.origin_input_ids})
             elif kind == "abort":
-                self._aborts.add(payload)
+                self._aborts[id(payload)] = payload
             elif kind == "flush":
                 self._pending_flush.append(payload)
             elif kind == "stop":
@@ -331,7 +337,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         if not self._aborts:
             return
         for req in self._live():
-            if req.rid in self._aborts and not req.finished:
+            if id(req) in self._aborts and not req.finished:
                 self._finish(req, {"type": "abort", "message": "aborted"})
         self._aborts.clear()
 

@@ -87,8 +87,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     access.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
                         help="largest request body (default 8 MiB; larger is a 413)")
     access.add_argument("--max-n", type=int, default=None, metavar="N", help="samples per prompt (default 64)")
+    access.add_argument("--max-samples", type=int, default=None, metavar="N",
+                        help="samples per request, prompts x n (default 512)")
     access.add_argument("--max-top-logprobs-num", type=int, default=None, metavar="N",
                         help="top_logprobs_num on /generate (default 64; the OpenAI routes allow 20)")
+    access.add_argument("--request-read-timeout", type=float, default=None, metavar="SECONDS",
+                        help="seconds a connection has to send a whole request, head and body (default 30); a "
+                             "slower one is closed")
     parser.add_argument("--shutdown-grace", type=float, default=None, metavar="SECONDS",
                         help="on Ctrl-C / SIGTERM, how long requests in flight may run on before they are aborted "
                              "(a stream then ends with a 503 error event; default 5)")
@@ -102,8 +107,9 @@ def server_options(args: argparse.Namespace) -> Any:
     """The ServerOptions the serve flags ask for."""
     from sgnb.server import ServerOptions
 
-    given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n,
-             "max_top_logprobs_num": args.max_top_logprobs_num, "shutdown_grace": args.shutdown_grace}
+    given = {"max_request_bytes": args.max_request_bytes, "max_n": args.max_n, "max_samples": args.max_samples,
+             "max_top_logprobs_num": args.max_top_logprobs_num, "shutdown_grace": args.shutdown_grace,
+             "request_read_timeout": args.request_read_timeout}
     hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,
                          allowed_hosts=hosts, incremental_streaming_output=args.incremental_streaming_output,

@@ -1,9 +1,13 @@
-"""The interpreter: one StreamExecutor (a thread) per program state.
+"""The interpreter: one StreamExecutor per program state, its nodes run in order on a shared, bounded thread pool.
 
 `s += node` submits without blocking; the executor appends text and calls the backend in order. Reading a
 variable blocks until it is set. An exception stops the state: later nodes are skipped, waiting readers wake
 up, and the error is raised at `s["v"]` / `sync()` with the program line that submitted the failing node.
 Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets.
+Threads: an executor with nodes to run holds one of the pool's threads until its queue is empty; at most
+PROGRAM_THREADS run nodes at once (`fork(1000)` starts no 1,000 threads: the branches take turns), plus one for
+each pool thread that waits inside a node on other states (a join, a variable of a fork), so that waiting never
+starves the states it waits for.
 
 Images and videos: `sgl.image(x)` / `sgl.video(path)` append the backend's image (video) token to the text and
 record the item (a `sgnb.media.Media`) in order; every later gen/select of the state, its forks and copies gets
@@ -22,6 +26,7 @@ in sgnb's format. Either way the message of the open role keeps the text as cont
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import itertools
@@ -35,8 +40,8 @@ import time
 import types
 import uuid
 import weakref
-from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sgnb import ir
@@ -64,6 +69,73 @@ from sgnb.user_code import (
 
 log = logging.getLogger("sgnb")
 _ids = itertools.count()
+PROGRAM_THREADS = 64  # program threads running nodes at once (a gen mostly waits on its backend)
+
+
+class _ProgramPool:
+    """The threads that run executors' nodes. `schedule(exe)` queues an executor whose queue has nodes; a free
+    thread drains it (runs its nodes in order until its queue is empty). At most `size` threads are running
+    nodes; a thread that blocks inside a node on other executors (`blocking()`) does not count, so the
+    executors it waits for still get threads. Idle threads exit after a while."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._ready: deque[StreamExecutor] = deque()
+        self._threads = self._idle = self._blocked = 0
+        self._local = threading.local()
+
+    def schedule(self, exe: StreamExecutor) -> None:
+        with self._cond:
+            self._ready.append(exe)
+            if self._idle > 0:
+                self._cond.notify()
+            elif self._threads - self._blocked < self.size:
+                self._spawn()
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def _spawn(self) -> None:  # holding _cond
+        self._threads += 1
+        threading.Thread(target=self._run, name=f"sgnb-program-{self._threads}", daemon=True).start()
+
+    def _run(self) -> None:
+        self._local.worker = True
+        while True:
+            with self._cond:
+                while not self._ready:
+                    self._idle += 1
+                    woke = self._cond.wait(timeout=30.0)
+                    self._idle -= 1
+                    if not woke and not self._ready:
+                        self._threads -= 1
+                        return
+                exe = self._ready.popleft()
+            try:
+                exe._drain()
+            except BaseException:  # _drain records node failures itself; never lose the thread's count
+                log.exception("program executor failed")
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Around a wait on other executors: from a pool thread it frees a running slot meanwhile."""
+        if not getattr(self._local, "worker", False):
+            yield
+            return
+        with self._cond:
+            self._blocked += 1
+            if self._ready and self._idle == 0 and self._threads - self._blocked < self.size:
+                self._spawn()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._blocked -= 1
+
+
+_POOL = _ProgramPool(PROGRAM_THREADS)
 
 # typed gens are constrained by a regex (the grammar backend enforces it), written so that a typed gen inside a
 # JSON template stays valid JSON: numbers as JSON writes them (no leading zeros or "+", a digit before the point;
@@ -184,9 +256,9 @@ class StreamExecutor:
         self.children: weakref.WeakSet[StreamExecutor] = weakref.WeakSet()  # forks and copies of this state
         self.use_thread = use_thread
         self.queue: queue.Queue = queue.Queue()
-        if use_thread:
-            self.worker = threading.Thread(target=self._work, name=f"sgnb-program-{self.id}", daemon=True)
-            self.worker.start()
+        self._scheduled = False  # on the pool's ready queue or being drained by a pool thread
+        self._sched_lock = threading.Lock()
+        self.closed = threading.Event()  # the end of the queue (end()'s None) was reached: nothing more runs
 
     @property
     def variable_event(self) -> defaultdict[str, threading.Event]:
@@ -201,6 +273,7 @@ class StreamExecutor:
                 self.pending_vars.update(names)
         if self.use_thread:
             self.queue.put(node)
+            self._kick()
         else:
             self._run_node(node)
 
@@ -225,6 +298,7 @@ class StreamExecutor:
             child.end()
         if self.use_thread:
             self.queue.put(None)
+            self._kick()
         else:
             self._close_stream()
 
@@ -245,7 +319,7 @@ class StreamExecutor:
             self.end()
         self.wait(self.drained, "sync")
         if self.use_thread:
-            self.worker.join()
+            self.wait(lambda: self.closed.wait(wait_slice()), "sync")
         if self.error_ is not None:
             what = "was interrupted" if self.aborted else f"failed ({_describe(self.error_, self.error_where)})"
             raise ProgramError(f"this program state {what}, so it cannot continue: re-run the cell or program "
@@ -265,13 +339,30 @@ class StreamExecutor:
                   "continues": self.id, "text": self.text_})
         return nxt
 
-    def _work(self) -> None:
+    def _kick(self) -> None:
+        """Have a pool thread drain the queue unless one is on it (or the stream ended)."""
+        with self._sched_lock:
+            if self._scheduled or self.closed.is_set():
+                return
+            self._scheduled = True
+        _POOL.schedule(self)
+
+    def _drain(self) -> None:
+        """Run the queued nodes in order (on a pool thread) until the queue is empty or the stream ends."""
         while True:
-            node = self.queue.get()
+            try:
+                node = self.queue.get_nowait()
+            except queue.Empty:
+                with self._sched_lock:
+                    if self.queue.empty():  # a submit after this sees _scheduled False and schedules again
+                        self._scheduled = False
+                        return
+                continue
             try:
                 if node is None:
                     self._close_stream()
-                    return
+                    self.closed.set()
+                    return  # stays "scheduled": nothing appended after the end runs (a continuation does)
                 self._run_node(node)
             finally:
                 self.queue.task_done()
@@ -633,11 +724,12 @@ class StreamExecutor:
     def wait(self, poll: Callable[[], bool], what: str) -> None:
         """Wait in short slices so KeyboardInterrupt lands; on interrupt, abort the in-flight request."""
         try:
-            while not poll():
-                if self.error_ is not None and what != "sync":
-                    return
-                if self.use_thread and not self.worker.is_alive() and not poll():
-                    raise ProgramError(f"the program ended without setting {what!r}")
+            with _POOL.blocking():
+                while not poll():
+                    if self.error_ is not None and what != "sync":
+                        return
+                    if self.use_thread and self.closed.is_set() and not poll():
+                        raise ProgramError(f"the program ended without setting {what!r}")
         except KeyboardInterrupt as e:
             self.abort()
             # shown (by IPython) as the user's line that waited, not sgnb's and threading's frames under it

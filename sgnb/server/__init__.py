@@ -21,7 +21,8 @@ OpenAI API: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /
 Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but
 /health needs `Authorization: Bearer KEY` (401); without one, only requests for the bound address or a loopback
 name, from no foreign Origin, with JSON bodies are answered (403 / 415), so a web page cannot drive the server.
-Limits: the body's size (413), n, top_logprobs_num (400).
+Limits (docs/security.md): the body's size (413), n, samples per request, top_logprobs_num (400), the time to send
+a request (closed); the engine's: grammar size and compile time, image pixels, video frames (400).
 
 Contracts:
 - Every error is JSON `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status: malformed JSON,
@@ -39,7 +40,9 @@ Contracts:
   "video_token").
 - A client that goes away aborts its requests: a non-streaming handler races the engine against the
   connection's `http.disconnect`; a stream stops sending and closes its engine iterators, which abort.
-- Everything runs on the server's event loop; engine calls never block it (the engine works on its own thread).
+- Handlers run on the server's event loop and never block it: the engine works on its own thread, and large
+  bodies, chat rendering and tokenizing, grammar parsing and media decoding run on worker threads.
+- A string with a lone UTF-16 surrogate anywhere in a body is a 400 naming where (no tokenizer takes one).
 """
 
 from sgnb.server.access import ServerOptions

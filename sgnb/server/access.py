@@ -40,11 +40,18 @@ class ServerOptions:
     bound_host: str = "127.0.0.1"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_n: int = 64  # samples per prompt
+    max_samples: int = 512  # samples per request: prompts x n (a 60 KB batch could ask for 192,000)
     max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
     incremental_streaming_output: bool = False
     shutdown_grace: float = 5.0  # seconds requests in flight may run on once shutdown starts; then aborted
+    request_read_timeout: float = 30.0  # seconds a connection has to send a whole request (head and body)
 
     def __post_init__(self) -> None:
+        for name in ("max_n", "max_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_read_timeout > 0:
+            raise ValueError(f"request_read_timeout must be > 0 seconds, got {self.request_read_timeout}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
@@ -149,3 +156,49 @@ class _Guard:
             return message
 
         return bounded
+
+
+# ---- slow clients ------------------------------------------------------------------------------------------
+def read_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline for reading each request: a connection that has not sent
+    a whole request (its head and its body) `seconds` after it opened, or after its previous response, is closed.
+    Connections that trickle a byte at a time (slow-loris) would otherwise be held forever; a request that was
+    read in time may take as long as it needs to answer."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class ReadTimeoutH11Protocol(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
+                self._disarm()  # the request is read: answering it has no deadline
+
+        def on_response_complete(self) -> None:
+            self._arm()  # the next request's clock (a pipelined one already read disarms it at once)
+            super().on_response_complete()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._read_timer = self.loop.call_later(seconds, self._timed_out)
+
+        def _disarm(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _timed_out(self) -> None:
+            self._read_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()  # a handler still reading the body sees the client gone
+
+    return ReadTimeoutH11Protocol

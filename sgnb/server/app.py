@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sgnb.server.access import ServerOptions, _Guard
+from sgnb.server.access import ServerOptions, _Guard, read_timeout_protocol
 from sgnb.server.native_api import NativeRoutes
 from sgnb.server.openai_api import OpenAIRoutes
 from sgnb.server.protocol import _ERROR_TYPES, APIError, _engine_error
@@ -38,7 +38,7 @@ def _handler(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request]
             return await fn(request)
         except APIError as e:
             return e.response()
-        except _ClientGone:
+        except (_ClientGone, ClientDisconnect):
             return Response(status_code=499)  # nobody reads it
         except Exception as e:
             return _engine_error(e).response()
@@ -84,7 +84,8 @@ def _uvicorn_server(engine: Engine, host: str, port: int, log_level: str, access
 
     options = dataclasses.replace(options or ServerOptions(), bound_host=host)
     config = uvicorn.Config(create_app(engine, options), host=host, port=port, log_level=log_level,
-                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=options.shutdown_grace)
+                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=options.shutdown_grace,
+                            http=read_timeout_protocol(options.request_read_timeout))
     return uvicorn.Server(config)
 
 

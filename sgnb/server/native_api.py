@@ -25,6 +25,7 @@ from sgnb.server.protocol import (
     APIError,
     ConcatAppendRequest,
     GenerateRequest,
+    _check_samples,
     _engine_error,
     _Inflight,
     _json_body,
@@ -56,15 +57,20 @@ class _Routes:
         if not e.is_alive:
             raise APIError(503, "the engine is not running", "service_unavailable")
 
-    async def _start_streams(self, calls: list[dict[str, Any]]) -> list[AsyncIterator[dict]]:
-        """Validate and create one engine stream per call (none is submitted until iterated)."""
-        streams = []
-        for kw in calls:
-            try:
-                streams.append(await self.engine.async_generate(**kw, stream=True, fit_to_context=False))
-            except Exception as e:
-                raise _engine_error(e) from e
-        return streams
+    async def _start_streams(self, request: Request, calls: list[dict[str, Any]]) -> list[AsyncIterator[dict]]:
+        """Validate and create one engine stream per call (none is submitted until iterated; their grammars are
+        compiled). A client that leaves meanwhile stops the wait (its compiles are dropped if nobody else wants
+        them)."""
+        async def start() -> list[AsyncIterator[dict]]:
+            streams = []
+            for kw in calls:
+                try:
+                    streams.append(await self.engine.async_generate(**kw, stream=True, fit_to_context=False))
+                except Exception as e:
+                    raise _engine_error(e) from e
+            return streams
+
+        return await _unless_disconnected(request, start())
 
     async def _generate(self, request: Request, **kw: Any) -> Any:
         try:
@@ -105,7 +111,9 @@ class NativeRoutes(_Routes):
         starts = [-1 if it.logprob_start_len is None or not lp else it.logprob_start_len
                   for it, lp in zip(items, lps)]
         tops = [0 if it.top_logprobs_num is None else it.top_logprobs_num for it in items]
-        ids = {r: sample_rids(r, _n_of(p, self.options.max_n)) for r, p in zip(rids, params)}
+        ns = [_n_of(p, self.options.max_n) for p in params]
+        _check_samples(sum(ns), self.options.max_samples)
+        ids = {r: sample_rids(r, n) for r, n in zip(rids, ns)}
         if any(t > self.options.max_top_logprobs_num for t in tops if isinstance(t, int)):
             raise APIError(400, f"top_logprobs_num: at most {self.options.max_top_logprobs_num} on this server "
                                 "(--max-top-logprobs-num)", param="top_logprobs_num")
@@ -140,7 +148,7 @@ class NativeRoutes(_Routes):
                               "return_logprob": lps[i], "logprob_start_len": starts[i],
                               "top_logprobs_num": tops[i], "return_text_in_logprobs": req.return_text_in_logprobs,
                               "rid": rid, **media_kw(i)})
-        streams = await self._start_streams(calls)  # the engine has read the media here
+        streams = await self._start_streams(request, calls)  # the engine has read the media here
         indexed = batched or len(calls) > 1
         return EventStream(self._native_events(streams, ids, indexed))  # type: ignore[return-value]
 

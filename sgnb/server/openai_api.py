@@ -25,6 +25,7 @@ from sgnb.server.protocol import (
     StreamOptions,
     _batch_kw,
     _chat_logprobs,
+    _check_samples,
     _completion_logprobs,
     _engine_error,
     _finish,
@@ -92,6 +93,7 @@ class OpenAIRoutes(_Routes):
         base = req.rid or _new_rid()
         rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
         _n_of({"n": req.n}, self.options.max_n)
+        _check_samples(len(prompts) * req.n, self.options.max_samples)
         ids = {base: [r for rid in rids for r in sample_rids(rid, req.n)]}
         lp_kw = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
                  "logprob_start_len": 0 if req.echo and want_lp else -1, "return_text_in_logprobs": True}
@@ -126,7 +128,7 @@ class OpenAIRoutes(_Routes):
         calls = [{**prompt_kw(p), "sampling_params": s, "rid": r, **lp_kw}
                  for i, p in enumerate(prompts)
                  for s, r in zip(split_samples(sp, req.n), sample_rids(rids[i], req.n))]
-        streams = await self._start_streams(calls)
+        streams = await self._start_streams(request, calls)
         head = [{"index": k, "text": echo_text(k // req.n), "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))] if req.echo else []
 
@@ -156,10 +158,11 @@ class OpenAIRoutes(_Routes):
 
     async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
                     media: _Media, plan: ToolPlan | None) -> Response:
-        text, images, videos = self._render_chat(req.messages, media, plan, req.chat_template_kwargs or {})
-        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
-        input_ids = self.engine.tokenizer.encode(text)
         limit = min(self.engine.context_length, self.kv_total)
+        # rendering, media decoding and tokenizing take seconds for a multi-megabyte message: off the event loop
+        text, images, videos, input_ids = await asyncio.to_thread(self._chat_prompt, req.messages, media, plan, limit,
+                                                                  req.chat_template_kwargs or {})
+        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
         fmt = self._reasoning(req, text)
@@ -189,7 +192,7 @@ class OpenAIRoutes(_Routes):
 
         calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
                  for s, r in zip(split_samples(sp, req.n), ids[base])]
-        streams = await self._start_streams(calls)
+        streams = await self._start_streams(request, calls)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(calls))]
 
@@ -249,6 +252,22 @@ class OpenAIRoutes(_Routes):
         if not fmt.starts_inside and prompt.rstrip().endswith(fmt.open):
             fmt = dataclasses.replace(fmt, starts_inside=True)
         return fmt
+
+    def _chat_prompt(self, messages: list[dict[str, Any]], media: _Media, plan: ToolPlan | None, limit: int,
+                     template_kwargs: dict[str, Any]) -> tuple[str, list[Any], list[Any], list[int]]:
+        """_render_chat, then the prompt's ids. Text that could not fit `limit` tokens is a 400 before it is rendered
+        or tokenized (what /generate's prompts get from the engine)."""
+        budget = (limit - 1) * self.engine.tokenizer.max_token_chars
+        chars = _message_chars(messages)
+        if chars > budget:
+            raise APIError(400, f"messages: {chars} characters of text, more than the {limit - 1} tokens this server "
+                                f"takes could hold (context length {self.engine.context_length})", param="messages")
+        text, images, videos = self._render_chat(messages, media, plan, template_kwargs)
+        if len(text) > budget:
+            raise APIError(400, f"messages: the rendered chat has {len(text)} characters, more than the {limit - 1} "
+                                f"tokens this server takes could hold (context length {self.engine.context_length})",
+                           param="messages")
+        return text, images, videos, self.engine.tokenizer.encode(text)
 
     def _render_chat(self, messages: list[dict[str, Any]], media: _Media, plan: ToolPlan | None = None,
                      template_kwargs: dict[str, Any] | None = None) -> tuple[str, list[Any], list[Any]]:
@@ -356,7 +375,7 @@ class OpenAIRoutes(_Routes):
         else:
             calls = [{"input_ids": input_ids, "sampling_params": plan.text_params(s), "rid": r, **lp_kw, **mm}
                      for s, r in samples]
-        firsts = await self._start_streams(calls)
+        firsts = await self._start_streams(request, calls)
         streams = [self._tool_sample(plan, text, first, s, r, lp_kw, mm) for first, (s, r) in zip(firsts, samples)]
 
         if not req.stream:
@@ -449,6 +468,18 @@ class OpenAIRoutes(_Routes):
             item = {"url": spec["url"], **({"num_frames": spec["num_frames"]} if "num_frames" in spec else {})}
             videos.append(media.item(item, "video", f"{where}.video_url"))
         return token
+
+
+def _message_chars(messages: list[dict[str, Any]]) -> int:
+    """The characters of text in the messages' contents (strings and text parts; media parts are not text)."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
 
 
 async def _collect(stream: AsyncIterator[dict]) -> tuple[str, dict]:

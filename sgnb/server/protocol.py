@@ -3,10 +3,12 @@ the pieces of OpenAI responses."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import math
+import re
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,8 @@ log = logging.getLogger("sgnb.server")
 _IGNORED_SAMPLING_NAMES = ("spaces_between_special_tokens",)
 _HEALTH_TIMEOUT_S = 20.0
 _FLUSH_TIMEOUT_S = 30.0
+_OFF_LOOP_BODY_BYTES = 256 << 10  # bodies at least this big are parsed on a worker thread, not the event loop
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate (paired or lone)
 
 
 
@@ -96,18 +100,54 @@ _SSE_DONE = b"data: [DONE]\n\n"
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object. A big one is parsed on a worker thread (a multi-megabyte message would hold
+    every other client's request meanwhile). A string anywhere in it that holds a lone UTF-16 surrogate (JSON's
+    "\\ud800" with no pair) is a 400 naming where: no tokenizer, encoder or request id can take it."""
     raw = await request.body()
     if not raw.strip():
         raise APIError(400, "the request body is empty: send a JSON object")
+    body = await asyncio.to_thread(_parse, raw) if len(raw) >= _OFF_LOOP_BODY_BYTES else _parse(raw)
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _parse(raw: bytes) -> Any:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON in the request body: {e}") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(body, "")
+        if where is not None:
+            path, index = where
+            raise APIError(400, f"{path or 'the body'}: a lone UTF-16 surrogate at character {index}: strings must "
+                                "be valid Unicode (a surrogate escape like \\ud83d needs its pair)",
+                           param=path.split(".", 1)[0].split("[", 1)[0] or None)
     return body
+
+
+def _lone_surrogate(obj: Any, path: str) -> tuple[str, int] | None:
+    """(the path of the first string (or key) holding a lone surrogate, the character's index), or None."""
+    stack = [(obj, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return where, e.start
+        elif isinstance(value, dict):
+            for k, v in reversed(value.items()):
+                name = str(k).encode("utf-8", "backslashreplace").decode()  # a bad key is named, not raised
+                inner = f"{where}.{name}" if where else name
+                stack.append((v, inner))
+                stack.append((k, inner))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _validate(schema: type[BaseModel], body: dict[str, Any]) -> Any:
@@ -291,6 +331,13 @@ def _n_of(params: dict[str, Any], max_n: int) -> int:
     if n > max_n:
         raise APIError(400, f"n={n}: at most {max_n} samples per prompt on this server (--max-n)", param="n")
     return n
+
+
+def _check_samples(count: int, max_samples: int) -> None:
+    """A request's engine requests (prompts x n) within the server's cap, before any is made."""
+    if count > max_samples:
+        raise APIError(400, f"this request asks for {count} samples (prompts x n): at most {max_samples} per request "
+                            "on this server (--max-samples)", param="n")
 
 
 # ---- OpenAI request and response pieces ------------------------------------------------------------------------
