@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 # model_type -> the HF class name written into config.json "architectures".
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# mixture-of-experts architectures (engine/models/moe.py)
+_MOE_TYPES = ("mixtral", "qwen3_moe")
 # RoPE variants the model implements; "default" is plain RoPE and is stored as rope_scaling=None.
 _ROPE_TYPES = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
                "linear": ("factor",)}
@@ -247,6 +250,58 @@ def _first(d: dict[str, Any], *keys: str, default: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts side of a decoder (Mixtral, Qwen3-MoE); hashable, part of ModelConfig.
+
+    Contract:
+    - each token's router picks `top_k` of `num_experts` experts (softmax over all, then the top k); with
+      `norm_topk_prob` their weights are renormalized to sum to 1 (Mixtral always; Qwen3-MoE per its config).
+    - every expert is a SwiGLU MLP of width `intermediate_size` (HF's moe_intermediate_size for Qwen3-MoE; a
+      dense layer keeps ModelConfig.intermediate_size).
+    - `sparse_layers` lists the layers whose MLP is the expert block (Qwen3-MoE's decoder_sparse_step and
+      mlp_only_layers, resolved); the others are dense.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    sparse_layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.intermediate_size <= 0:
+            raise ValueError(f"expert intermediate size must be positive, got {self.intermediate_size}")
+        object.__setattr__(self, "sparse_layers", tuple(sorted(int(i) for i in self.sparse_layers)))
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], model_type: str) -> MoESpec:
+        layers = int(d["num_hidden_layers"])
+        if model_type == "mixtral":
+            return cls(num_experts=int(d.get("num_local_experts", 8)), top_k=int(d.get("num_experts_per_tok", 2)),
+                       intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True,
+                       sparse_layers=tuple(range(layers)))
+        # qwen3_moe; transformers 5 writes num_experts back as num_local_experts
+        experts = int(_first(d, "num_experts", "num_local_experts", default=128))
+        step = int(d.get("decoder_sparse_step", 1))
+        dense = set(d.get("mlp_only_layers") or ())
+        sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+        return cls(num_experts=experts, top_k=int(d.get("num_experts_per_tok", 8)),
+                   intermediate_size=int(d.get("moe_intermediate_size", 768)),
+                   norm_topk_prob=bool(d.get("norm_topk_prob", False)), sparse_layers=sparse)
+
+    def hf_fields(self, model_type: str, num_layers: int) -> dict[str, Any]:
+        """The config.json fields of this MoE side (ModelConfig.to_hf_dict adds them)."""
+        if model_type == "mixtral":
+            return {"num_local_experts": self.num_experts, "num_experts_per_tok": self.top_k}
+        return {"num_experts": self.num_experts, "num_experts_per_tok": self.top_k,
+                "moe_intermediate_size": self.intermediate_size, "norm_topk_prob": self.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [i for i in range(num_layers) if i not in self.sparse_layers]}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape and hyper-parameters of a decoder-only transformer in the Llama family.
 
@@ -259,6 +314,8 @@ class ModelConfig:
     - `sliding_window` is recorded (Mistral v0.1 declares 4096) but not applied by the engine: outputs are
       exact only while a sequence stays within it.
     - `eos_token_ids` lists every id that ends generation, most important first.
+    - Mixture of experts ("mixtral", "qwen3_moe"; `moe` is None for dense models): see MoESpec. `qk_norm`: an
+      RMSNorm over each head's q and k before RoPE (Qwen3).
     - `vision` is None for text models; for LLaVA-family models `architecture` is "llava", "llava_next" or
       "llava_next_video" (= vision.kind) and every other field describes the language model.
     """
@@ -281,6 +338,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
     vision: VisionSpec | None = None
+    moe: MoESpec | None = None
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.vision is not None:
@@ -300,6 +359,11 @@ class ModelConfig:
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if (self.moe is not None) != (self.architecture in _MOE_TYPES):
+            raise ValueError(f"architecture {self.architecture!r} {'needs' if self.moe is None else 'takes no'} "
+                             "mixture-of-experts fields (ModelConfig.moe)")
+        if self.moe is not None and any(i >= self.num_hidden_layers for i in self.moe.sparse_layers):
+            raise ValueError(f"MoE layers {self.moe.sparse_layers} exceed the {self.num_hidden_layers} layers")
         # Normalise the containers so that equal configs compare and hash equal whatever the caller passed.
         object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
         if self.rope_scaling is not None:
@@ -364,8 +428,9 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
         sliding_window = d.get("sliding_window")
-        if model_type == "qwen2" and not d.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3_moe") and not d.get("use_sliding_window", False):
             sliding_window = None  # Qwen2 declares a window but disables it by default
+        moe = MoESpec.from_hf_dict(d, model_type) if model_type in _MOE_TYPES else None
         return cls(
             architecture=model_type,
             vocab_size=int(d["vocab_size"]),
@@ -384,6 +449,8 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             sliding_window=None if sliding_window is None else int(sliding_window),
+            moe=moe,
+            qk_norm=model_type == "qwen3_moe",
         )
 
     @classmethod
@@ -439,10 +506,12 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
         }
+        if self.moe is not None:
+            d |= self.moe.hf_fields(self.architecture, self.num_hidden_layers)
         if self.architecture == "llama":
             d["attention_bias"] = False
             d["mlp_bias"] = False
-        elif self.architecture == "mistral":
+        elif self.architecture in ("mistral", "mixtral"):
             d["sliding_window"] = self.sliding_window
         else:  # qwen2: q/k/v bias is implied by the class; the window is opt-in
             d["use_sliding_window"] = self.sliding_window is not None

@@ -310,7 +310,8 @@ class LlamaForCausalLM(nn.Module):
         tied = self.config.tie_word_embeddings
         state = {n: t for n, t in state.items()
                  if not n.endswith("rotary_emb.inv_freq") and not (n == "lm_head.weight" and tied)}
-        own = dict(self.named_parameters())
+        ours = self.adopt_special(state, device, dtype)  # parameters not made of 2-D HF tensors (a subclass's)
+        own = {n: p for n, p in self.named_parameters() if n not in ours}
         wanted = {hf: name for name in own for hf in hf_names(name)}
         missing = [hf for hf in wanted if hf not in state]
         if missing:
@@ -318,7 +319,6 @@ class LlamaForCausalLM(nn.Module):
         unexpected = [n for n in state if n not in wanted]
         if unexpected:
             raise ValueError(f"checkpoint has an unexpected tensor {unexpected[0]!r}")
-        ours = {}
         for name, param in own.items():
             parts = hf_names(name)
             sizes = self.fused_sizes(name) if len(parts) > 1 else [param.shape[0]]
@@ -334,6 +334,12 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.setup_rope(device)
 
+    def adopt_special(self, state: dict[str, torch.Tensor], device: torch.device,
+                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Our parameters that load_hf_state_dict's fusing of 2-D HF tensors does not make, by our name, built
+        from (and popped out of) `state`. None here; a mixture-of-experts model stacks its experts."""
+        return {}
+
     def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
         """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1.
         Every HF tensor is drawn whole from its own seed, then this rank's shard is kept (and fused parts
@@ -343,7 +349,7 @@ class LlamaForCausalLM(nn.Module):
         self.to(dtype)
         self.tie_weights()
         with torch.device("meta"):
-            whole = LlamaForCausalLM(self.config, self.max_positions)
+            whole = type(self)(self.config, self.max_positions)
         shapes: dict[str, tuple[int, ...]] = {}
         for name, p in whole.named_parameters():
             parts = hf_names(name)

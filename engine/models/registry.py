@@ -23,6 +23,8 @@ _ARCHITECTURES = {
     "llama": "sgnb.engine.models.llama:LlamaForCausalLM",
     "mistral": "sgnb.engine.models.llama:LlamaForCausalLM",
     "qwen2": "sgnb.engine.models.llama:LlamaForCausalLM",
+    "mixtral": "sgnb.engine.models.moe:MoEForCausalLM",
+    "qwen3_moe": "sgnb.engine.models.moe:MoEForCausalLM",
     "llava": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next_video": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
