@@ -23,6 +23,8 @@ _ARCHITECTURES = {
     "llama": "sgnb.engine.models.llama:LlamaForCausalLM",
     "mistral": "sgnb.engine.models.llama:LlamaForCausalLM",
     "qwen2": "sgnb.engine.models.llama:LlamaForCausalLM",
+    "qwen3": "sgnb.engine.models.llama:LlamaForCausalLM",  # q/k norm: a config flag of the same layers
+    "gemma3_text": "sgnb.engine.models.gemma3:Gemma3ForCausalLM",
     "llava": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next_video": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
