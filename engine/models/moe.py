@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sgnb.engine.model_config import ModelConfig
-from sgnb.engine.models.llama import LlamaForCausalLM
+from sgnb.engine.models.llama import MLP, DecoderLayer, LlamaForCausalLM
 from sgnb.engine.tensor_parallel import TPGroup
 from sgnb.kernels.moe import fused_moe, select_experts
 
@@ -49,12 +49,18 @@ class SparseMoE(nn.Module):
         return self.tp.all_reduce(fused_moe(x, self.w13, self.w2, weights, ids))  # (T, hidden)
 
 
+class MoEDecoderLayer(DecoderLayer):
+    def make_mlp(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
+        assert cfg.moe is not None
+        return SparseMoE(cfg, tp) if layer_id in cfg.moe.sparse_layers else MLP(cfg, tp)
+
+
 class MoEForCausalLM(LlamaForCausalLM):
+    layer_cls = MoEDecoderLayer
+
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
-        super().__init__(cfg, max_positions, tp)
         assert cfg.moe is not None and cfg.architecture in _HF_LAYOUT, cfg.architecture
-        for i in cfg.moe.sparse_layers:
-            self.model.layers[i].mlp = SparseMoE(cfg, self.tp)
+        super().__init__(cfg, max_positions, tp)
         self.fused_decode = False  # the CPU one-call forward knows dense MLPs only
 
     # ---- weights ---------------------------------------------------------------------------------------------

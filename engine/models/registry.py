@@ -25,6 +25,8 @@ _ARCHITECTURES = {
     "qwen2": "sgnb.engine.models.llama:LlamaForCausalLM",
     "mixtral": "sgnb.engine.models.moe:MoEForCausalLM",
     "qwen3_moe": "sgnb.engine.models.moe:MoEForCausalLM",
+    "qwen3": "sgnb.engine.models.llama:LlamaForCausalLM",  # q/k norm: a config flag of the same layers
+    "gemma3_text": "sgnb.engine.models.gemma3:Gemma3ForCausalLM",
     "llava": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
     "llava_next_video": "sgnb.engine.models.llava:LlavaForConditionalGeneration",
