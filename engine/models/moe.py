@@ -15,6 +15,7 @@ on every rank (replicated router, same input), so no tokens move between ranks.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,10 +44,13 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(H, E, bias=False)  # the router
         self.w13 = nn.Parameter(torch.empty(E, 2 * inter, H))
         self.w2 = nn.Parameter(torch.empty(E, H, inter))
+        # the experts' kernel: kernels/moe.py's dispatcher (Triton on CUDA, the torch reference elsewhere); tests
+        # set the Triton wrapper to run it in the interpreter on CPU
+        self.kernel: Callable[..., torch.Tensor] = fused_moe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)  # (T, k) each
-        return self.tp.all_reduce(fused_moe(x, self.w13, self.w2, weights, ids))  # (T, hidden)
+        return self.tp.all_reduce(self.kernel(x, self.w13, self.w2, weights, ids))  # (T, hidden)
 
 
 class MoEDecoderLayer(DecoderLayer):

@@ -129,3 +129,82 @@ def test_ragged_batch(moe):
     outs = eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0)
     for ids, out in zip(prompts, outs):
         _check(out, ids, hf)
+
+
+def test_triton_backend_and_moe_kernel(moe, tmp_path):
+    """The Triton attention backend and the fused-MoE Triton kernel (both in the interpreter on CPU) give
+    transformers' logprobs too."""
+    from sgnb.engine import Engine
+    from sgnb.engine.models.moe import SparseMoE
+    from sgnb.kernels.moe import _fused_moe_triton
+
+    _, hf = moe
+    path = write_checkpoint(hf.config.model_type, tmp_path / "ckpt")
+    with Engine(str(path), device="cpu", dtype="float32", quantization="none", max_total_tokens=1024,
+                attention_backend="triton") as eng:
+        blocks = [m for m in eng.runner.model.modules() if isinstance(m, SparseMoE)]
+        assert blocks
+        for m in blocks:
+            m.kernel = _fused_moe_triton
+        ids = eng.tokenizer.encode(PROMPT[:60])
+        out = eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 3}, return_logprob=True,
+                           logprob_start_len=0)
+        _check(out, ids, hf)
+
+
+@pytest.mark.slow
+def test_tp2_equals_tp1(tmp_path):
+    """Experts split over two gloo workers (each holds half of every expert's columns) give tp 1's logprobs."""
+    from sgnb.engine import Engine
+
+    path = write_checkpoint("qwen3_moe", tmp_path / "ckpt")
+    prompts = [PROMPT, PROMPT[:30] + " and more"]
+    outs = []
+    for tp in (1, 2):
+        with Engine(str(path), device="cpu", dtype="float32", quantization="none", max_total_tokens=1024,
+                    tp_size=tp) as eng:
+            outs.append(eng.generate(prompts, GREEDY, return_logprob=True, logprob_start_len=0))
+    for a, b in zip(*outs):
+        assert a["output_ids"] == b["output_ids"]
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            xs = [lp for lp, _, _ in a["meta_info"][key] if lp is not None]
+            ys = [lp for lp, _, _ in b["meta_info"][key] if lp is not None]
+            assert max(abs(x - y) for x, y in zip(xs, ys)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b", "tiny-qwen3-moe"])
+def test_dummy_configs_parse(name):
+    from sgnb.engine.model_loader import resolve_model
+
+    cfg = resolve_model(f"dummy:{name}").config
+    assert cfg.moe is not None and cfg.moe.sparse_layers
+    if name == "qwen3-30b-a3b":
+        assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.intermediate_size, cfg.qk_norm) == (128, 8, 768, True)
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_dummy_experts_are_the_same_model_at_every_tp_size(tp):
+    """Random experts are drawn whole and then sharded, as the dense tensors are (tp runs on dummy weights
+    compare with tp 1)."""
+    from sgnb.engine.model_loader import resolve_model
+    from sgnb.engine.models.moe import MoEForCausalLM
+    from sgnb.engine.tensor_parallel import TPGroup, shard_layout
+
+    cfg = resolve_model("dummy:tiny-qwen3-moe").config
+    with torch.device("meta"):
+        whole = MoEForCausalLM(cfg, 64)
+    whole.init_dummy_weights(torch.device("cpu"), torch.float32, seed=3)
+    full = dict(whole.named_parameters())
+    for rank in range(tp):
+        with torch.device("meta"):
+            part = MoEForCausalLM(cfg, 64, TPGroup(shard_layout(cfg, rank, tp), process_group=object()))
+        part.init_dummy_weights(torch.device("cpu"), torch.float32, seed=3)
+        for name, p in part.named_parameters():
+            torch.testing.assert_close(p, part.shard_tensor(name, full[name]), rtol=0, atol=0)
+        # rank's w13 holds the same columns of the gate and the up halves
+        inter = cfg.moe.intermediate_size
+        lo, hi = part.tp.layout.expert_intermediate
+        w13 = part.model.layers[0].mlp.w13
+        torch.testing.assert_close(w13[:, : hi - lo], full["model.layers.0.mlp.w13"][:, lo:hi], rtol=0, atol=0)
+        torch.testing.assert_close(w13[:, hi - lo:], full["model.layers.0.mlp.w13"][:, inter + lo: inter + hi],
+                                   rtol=0, atol=0)
