@@ -337,6 +337,8 @@ class ModelConfig:
       embeddings scaled by sqrt(hidden_size).
     - `eos_token_ids` lists every id that ends generation, most important first.
     - Mixture of experts ("mixtral", "qwen3_moe"; `moe` is None for dense models): see MoESpec.
+    - `quant_method` "fp8": the checkpoint stores e4m3 weights with scales (HF quantization_config), per tensor
+      or per channel, or per 128x128 block when `weight_block_size` is (128, 128); None: unquantized.
     - `vision` is None for text models; for LLaVA-family models `architecture` is "llava", "llava_next" or
       "llava_next_video" (= vision.kind) and every other field describes the language model.
     """
@@ -365,6 +367,8 @@ class ModelConfig:
     rope_local_theta: float | None = None
     query_pre_attn_scalar: float | None = None
     moe: MoESpec | None = None
+    quant_method: str | None = None
+    weight_block_size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.vision is not None:
@@ -518,6 +522,12 @@ class ModelConfig:
         if sliding_window is None:
             layer_types = None
         moe = MoESpec.from_hf_dict(d, model_type) if model_type in _MOE_TYPES else None
+        quant = dict(d.get("quantization_config") or {})
+        quant_method, block = quant.get("quant_method"), quant.get("weight_block_size")
+        if quant_method not in (None, "fp8"):
+            raise ValueError(f"quantization_config quant_method {quant_method!r} is not supported (only 'fp8')")
+        if block is not None and tuple(block) != (128, 128):
+            raise ValueError(f"FP8 weight_block_size {block} is not supported (only [128, 128])")
         return cls(
             architecture=model_type,
             vocab_size=int(d["vocab_size"]),
@@ -537,6 +547,8 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             sliding_window=None if sliding_window is None else int(sliding_window),
             moe=moe,
+            quant_method=quant_method,
+            weight_block_size=None if block is None else (128, 128),
             qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             hidden_act=act,
             layer_types=None if layer_types is None else tuple(layer_types),
@@ -609,6 +621,10 @@ class ModelConfig:
         }
         if self.moe is not None:
             d |= self.moe.hf_fields(self.architecture, self.num_hidden_layers)
+        if self.quant_method is not None:
+            d["quantization_config"] = {"quant_method": self.quant_method, "activation_scheme": "dynamic"}
+            if self.weight_block_size is not None:
+                d["quantization_config"]["weight_block_size"] = list(self.weight_block_size)
         if self.architecture == "llama":
             d["attention_bias"] = False
             d["mlp_bias"] = False
