@@ -1,7 +1,8 @@
 """Fused mixture-of-experts MLP: each token's top-k experts (SwiGLU MLPs), weighted and summed.
 
 The Triton path sorts the (token, slot) pairs by expert and pads each expert's run to a multiple of BLOCK_M
-(`moe_align`, in torch ops without a host sync, so it can be captured in a CUDA graph), then runs one grouped
+(`_moe_align_triton`: one kernel; `moe_align` in torch ops for long prefills; neither syncs with the host, so
+both are captured in CUDA graphs), then runs one grouped
 GEMM kernel twice: gate/up over each block's expert (`w13`), SiLU-and-mul, down (`w2`) with the routing weight
 applied to each pair's row, and finally a sum over each token's k rows. A block reads its expert's weights
 once for up to BLOCK_M pairs, and only experts some token routes to have blocks: a decode step of one token
@@ -71,6 +72,55 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
 
 
 @jit
+def _moe_align_kernel(ids_ptr, pairs_ptr, block_expert_ptr, total_ptr, cursor_ptr, P, E, nblocks,
+                      BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    # one program: count pairs per expert, pad the runs to BLOCK_M, place each pair at its expert's cursor
+    # (an atomic increment: the order inside a run is arbitrary, which the GEMMs do not mind), then each
+    # block's expert. BLOCK_E > E: the spare bin takes the masked lanes.
+    offs_p = tl.arange(0, BLOCK_P)
+    p_ok = offs_p < P
+    ids = tl.load(ids_ptr + offs_p, mask=p_ok, other=BLOCK_E - 1)
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < E
+    counts = tl.where(e_ok, tl.histogram(ids, BLOCK_E), 0)  # (BLOCK_E,)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, 0)
+    tl.store(cursor_ptr + offs_e, pad_end - padded)
+    tl.store(total_ptr, tl.sum(padded, 0))
+    tl.debug_barrier()  # the cursors are in memory before any program thread increments them
+    dest = tl.atomic_add(cursor_ptr + ids, 1, mask=p_ok)
+    tl.store(pairs_ptr + dest, offs_p, mask=p_ok)
+    for b0 in range(0, nblocks, BLOCK_B):
+        offs_b = b0 + tl.arange(0, BLOCK_B)
+        before = (pad_end[None, :] <= (offs_b * BLOCK_M)[:, None]) & e_ok[None, :]  # (BLOCK_B, BLOCK_E)
+        tl.store(block_expert_ptr + offs_b, tl.sum(before.to(tl.int32), 1), mask=offs_b < nblocks)
+
+
+ALIGN_MAX_PAIRS = 4096  # one program of _moe_align_kernel holds every pair; more (long prefills): moe_align
+
+
+def _moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                       torch.Tensor]:
+    """moe_align's contract in two launches (a fill and one kernel), for up to ALIGN_MAX_PAIRS pairs; the pairs
+    of one expert's run may come in any order."""
+    from sgnb.kernels._triton_utils import next_pow2
+
+    flat = topk_ids.reshape(-1).to(torch.int32)  # (P,)
+    P = flat.numel()
+    assert 0 < P <= ALIGN_MAX_PAIRS, P
+    nblocks = cdiv(P, block_m) + min(num_experts, P)
+    dev = flat.device
+    sorted_pairs = torch.full((nblocks * block_m,), P, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(nblocks, dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    block_e = next_pow2(num_experts + 1)
+    cursor = torch.empty(block_e, dtype=torch.int32, device=dev)
+    _moe_align_kernel[(1,)](flat, sorted_pairs, block_expert, total, cursor, P, num_experts, nblocks,
+                            BLOCK_P=next_pow2(P), BLOCK_E=block_e, BLOCK_M=block_m, BLOCK_B=16)
+    return sorted_pairs, block_expert, total
+
+
+@jit
 def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, weight_ptr, pairs_ptr, block_expert_ptr, total_ptr,
                      N, K, num_pairs, a_div, stride_am, stride_we, stride_wn, stride_cm,
                      MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -133,7 +183,8 @@ def _fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
     assert w13.shape[2] == H and w2.shape == (E, H, two_i // 2), (x.shape, w13.shape, w2.shape)
     assert topk_ids.shape == topk_weights.shape == (T, k), (topk_ids.shape, topk_weights.shape)
     bm = block_m or _block_m(T * k, E)
-    sorted_pairs, block_expert, total = moe_align(topk_ids, E, bm)
+    align = _moe_align_triton if T * k <= ALIGN_MAX_PAIRS else moe_align
+    sorted_pairs, block_expert, total = align(topk_ids, E, bm)
     x = x.contiguous()
     gate_up = torch.empty(T * k, two_i, dtype=x.dtype, device=x.device)  # (P, 2I), row = pair
     _moe_gemm(x, w13, gate_up, None, sorted_pairs, block_expert, total, k, bm)

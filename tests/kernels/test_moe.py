@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgnb.kernels.moe import _fused_moe_triton, fused_moe_ref, moe_align, select_experts
+from sgnb.kernels.moe import _fused_moe_triton, _moe_align_triton, fused_moe_ref, moe_align, select_experts
 
 triton = pytest.importorskip("triton")
 
@@ -19,9 +19,10 @@ def _case(T: int, E: int, k: int, H: int, inter: int, seed: int = 0):
     return x, w13, w2, weights, ids
 
 
-def test_align_groups_pairs_by_expert():
+@pytest.mark.parametrize("align", [moe_align, _moe_align_triton])
+def test_align_groups_pairs_by_expert(align):
     ids = torch.tensor([[3, 0], [3, 1], [0, 3]])
-    pairs, block_expert, total = moe_align(ids, num_experts=5, block_m=2)
+    pairs, block_expert, total = align(ids, num_experts=5, block_m=2)
     P = ids.numel()
     n = int(total)
     assert n == 2 + 2 + 4  # experts 0 (2 pairs), 1 (1, padded), 3 (3, padded)
@@ -42,6 +43,18 @@ def test_triton_equals_reference(T, E, k, H, inter):
     want = fused_moe_ref(x, w13, w2, weights, ids)
     got = _fused_moe_triton(x, w13, w2, weights, ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_triton_align_matches_torch_align():
+    """Both aligns give each expert the same padded run (the order inside a run may differ)."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randperm(16, generator=gen)[:4] for _ in range(37)])  # (37, 4), E = 16
+    a, b = moe_align(ids, 16, 16), _moe_align_triton(ids, 16, 16)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    n = int(a[2])
+    for e in range(16):
+        runs = [p[:n].view(-1, 16)[blocks[: n // 16] == e].reshape(-1) for p, blocks in (a[:2], b[:2])]
+        assert sorted(runs[0].tolist()) == sorted(runs[1].tolist())
 
 
 def test_reference_equals_dense_sum():
