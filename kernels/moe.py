@@ -19,12 +19,59 @@ from sgnb.kernels._triton_utils import cdiv, jit, tl, triton, use_triton
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, E) router logits -> top-k weights (T, k) float32 and expert ids (T, k) int64: softmax over all
-    experts in float32, the k largest, renormalized to sum 1 when `renormalize` (HF Mixtral / Qwen3-MoE)."""
+    """(T, E) router logits -> top-k weights (T, k) float32 and expert ids (T, k): softmax over all experts in
+    float32, the k largest, renormalized to sum 1 when `renormalize` (HF Mixtral / Qwen3-MoE). The Triton
+    kernel for CUDA tensors (int32 ids, one launch), else `select_experts_ref` (int64 ids)."""
+    if use_triton(router_logits):
+        return _select_experts_triton(router_logits, top_k, renormalize)
+    return select_experts_ref(router_logits, top_k, renormalize)
+
+
+def select_experts_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
     probs = torch.softmax(router_logits.float(), dim=-1)  # (T, E)
     weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, k)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+@jit
+def _select_experts_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                           BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    # one token: softmax over its E logits, then TOP_K rounds of argmax (taken lanes set to -1)
+    t = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_E)
+    ok = offs < E
+    x = tl.load(logits_ptr + t.to(tl.int64) * stride_t + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = tl.where(ok, p / tl.sum(p, 0), -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, 0)
+        idx = tl.argmax(p, 0)
+        vals = tl.where(slots == j, best, vals)
+        ids = tl.where(slots == j, idx, ids)
+        p = tl.where(offs == idx, -1.0, p)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, 0)
+    tl.store(w_ptr + t * TOP_K + slots, vals, mask=slots < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + slots, ids, mask=slots < TOP_K)
+
+
+def _select_experts_triton(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor,
+                                                                                                torch.Tensor]:
+    from sgnb.kernels._triton_utils import next_pow2
+
+    T, E = router_logits.shape
+    assert router_logits.stride(1) == 1 and 0 < top_k <= E, (router_logits.stride(), top_k, E)
+    weights = torch.empty(T, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int32, device=router_logits.device)
+    if T:
+        _select_experts_kernel[(T,)](router_logits, weights, ids, E, router_logits.stride(0), TOP_K=top_k,
+                                     BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), RENORMALIZE=renormalize)
     return weights, ids
 
 
@@ -52,7 +99,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     block_expert (B,) int32: each block's expert (num_experts past the end); total (1,) int32: padded length in
     use. B = cdiv(T * k, block_m) + min(E, T * k) bounds the blocks whatever the routing, so every size is
     known from the shapes (no host sync: CUDA-graph safe)."""
-    flat = topk_ids.reshape(-1)  # (P,)
+    flat = topk_ids.reshape(-1).long()  # (P,)
     P = flat.numel()
     dev = flat.device
     nblocks = cdiv(P, block_m) + min(num_experts, P)
@@ -79,7 +126,9 @@ def _moe_align_kernel(ids_ptr, pairs_ptr, block_expert_ptr, total_ptr, cursor_pt
     # block's expert. BLOCK_E > E: the spare bin takes the masked lanes.
     offs_p = tl.arange(0, BLOCK_P)
     p_ok = offs_p < P
-    ids = tl.load(ids_ptr + offs_p, mask=p_ok, other=BLOCK_E - 1)
+    for f0 in range(0, nblocks * BLOCK_M, BLOCK_P):  # every slot starts as padding (the sentinel P)
+        tl.store(pairs_ptr + f0 + offs_p, P + 0 * offs_p, mask=f0 + offs_p < nblocks * BLOCK_M)
+    ids = tl.load(ids_ptr + offs_p, mask=p_ok, other=BLOCK_E - 1).to(tl.int32)
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < E
     counts = tl.where(e_ok, tl.histogram(ids, BLOCK_E), 0)  # (BLOCK_E,)
@@ -87,7 +136,7 @@ def _moe_align_kernel(ids_ptr, pairs_ptr, block_expert_ptr, total_ptr, cursor_pt
     pad_end = tl.cumsum(padded, 0)
     tl.store(cursor_ptr + offs_e, pad_end - padded)
     tl.store(total_ptr, tl.sum(padded, 0))
-    tl.debug_barrier()  # the cursors are in memory before any program thread increments them
+    tl.debug_barrier()  # the cursors and the padding are in memory before any thread places a pair
     dest = tl.atomic_add(cursor_ptr + ids, 1, mask=p_ok)
     tl.store(pairs_ptr + dest, offs_p, mask=p_ok)
     for b0 in range(0, nblocks, BLOCK_B):
@@ -105,12 +154,12 @@ def _moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) ->
     of one expert's run may come in any order."""
     from sgnb.kernels._triton_utils import next_pow2
 
-    flat = topk_ids.reshape(-1).to(torch.int32)  # (P,)
+    flat = topk_ids.reshape(-1)  # (P,) int32 from the Triton router (an int64 input is read as such)
     P = flat.numel()
     assert 0 < P <= ALIGN_MAX_PAIRS, P
     nblocks = cdiv(P, block_m) + min(num_experts, P)
     dev = flat.device
-    sorted_pairs = torch.full((nblocks * block_m,), P, dtype=torch.int32, device=dev)
+    sorted_pairs = torch.empty(nblocks * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(nblocks, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     block_e = next_pow2(num_experts + 1)
@@ -192,7 +241,7 @@ def _fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
     down = torch.empty(T * k, H, dtype=x.dtype, device=x.device)  # (P, H)
     weights = topk_weights.reshape(-1).float().contiguous()  # (P,)
     _moe_gemm(act, w2, down, weights, sorted_pairs, block_expert, total, 1, bm)
-    return down.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)  # (T, H)
+    return down.view(T, k, H).sum(dim=1)  # (T, H); torch accumulates bf16 sums in float32
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

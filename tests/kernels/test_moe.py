@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgnb.kernels.moe import _fused_moe_triton, _moe_align_triton, fused_moe_ref, moe_align, select_experts
+from sgnb.kernels.moe import (
+    _fused_moe_triton,
+    _moe_align_triton,
+    _select_experts_triton,
+    fused_moe_ref,
+    moe_align,
+    select_experts,
+)
 
 triton = pytest.importorskip("triton")
 
@@ -66,3 +73,12 @@ def test_reference_equals_dense_sum():
         y = (torch.nn.functional.silu(g) * u) @ w2[e].t()  # (T, H)
         dense += y * (weights * (ids == e)).sum(-1, keepdim=True)
     torch.testing.assert_close(fused_moe_ref(x, w13, w2, weights, ids), dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("E,k,renormalize", [(8, 2, True), (6, 3, False), (128, 8, True)])
+def test_triton_router_equals_reference(E, k, renormalize):
+    logits = torch.randn(5, E, generator=torch.Generator().manual_seed(E))
+    w_ref, ids_ref = select_experts(logits, k, renormalize)  # CPU tensors: the reference
+    w, ids = _select_experts_triton(logits, k, renormalize)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), ids_ref)
+    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
