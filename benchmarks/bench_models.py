@@ -78,6 +78,12 @@ def kernel_rows(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     dev = "cuda"
     out: dict = {"fp8_linear": [], "fused_moe": []}
+    x = torch.randn(64, 11008, device=dev, dtype=torch.bfloat16)
+    q, s = f8._quantize_per_token_triton(x)
+    q_ref, s_ref = f8.quantize_per_token(x)
+    out["per_token_quant"] = {"scale_max_rel_diff": ((s - s_ref).abs() / s_ref).max().item(),
+                              "e4m3_mismatch_fraction": (q.view(torch.uint8) != q_ref.view(torch.uint8)).float().mean().item()}
+    print(json.dumps(out["per_token_quant"]), flush=True)
     for name, (K, N) in {"qkv": (4096, 12288), "gate_up": (4096, 22016), "down": (11008, 4096)}.items():
         w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
         qc, sc = f8.quantize_fp8(w, "channel")

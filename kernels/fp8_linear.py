@@ -76,6 +76,34 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+@jit
+def _quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+    # one row: its absolute max (pass 1), then the row scaled into e4m3's range (pass 2)
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, 0) / 448.0, 1e-12)
+    tl.store(s_ptr + m, scale)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        tl.store(q_ptr + m * stride_qm + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+
+
+def _quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_per_token in one launch."""
+    M, K = x.shape
+    assert x.stride(1) == 1, x.stride()
+    q = torch.empty(M, K, dtype=FP8, device=x.device)
+    scale = torch.empty(M, 1, dtype=torch.float32, device=x.device)
+    if M:
+        _quantize_per_token_kernel[(M,)](x, q, scale, K, x.stride(0), q.stride(0), BLOCK_K=1024)
+    return q, scale
+
+
 def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor, quantize_input: bool = False
                    ) -> torch.Tensor:
     """x (M, K) @ dequantized weight^T in float32, out in x's dtype. quantize_input: x first rounded to e4m3
@@ -136,7 +164,7 @@ def _fp8_linear_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tenso
 
 def _fp8_linear_scaled_mm(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor) -> torch.Tensor:
     """cuBLASLt FP8 GEMM with rowwise scales: per-token activations (M, 1), per-channel weights (1, N)."""
-    xq, xs = quantize_per_token(x)
+    xq, xs = _quantize_per_token_triton(x)
     return torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=scale_rows.view(1, -1), out_dtype=x.dtype)
 
 
