@@ -155,7 +155,9 @@ def _fp8_linear_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tenso
     assert scale_rows.shape == (N, G) and G in (1, cdiv(K, GROUP)) and scale_rows.dtype == torch.float32
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    block_n = 32 if M <= 16 else 64
+    # enough column tiles to keep every SM of an H200 (132) streaming weights with two programs each; a
+    # small-M call is a weight read, its time set by how many programs stream at once
+    block_n = next((b for b in (64, 32) if cdiv(N, b) * cdiv(M, block_m) >= 264), 16)
     grid = (cdiv(M, block_m), cdiv(N, block_n))
     _fp8_linear_kernel[grid](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0), scale_rows.stride(0),
                              y.stride(0), GROUPED=G > 1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP)
