@@ -1,5 +1,5 @@
 """FP8 weights through the engine on CPU (the reference path: dequantize, then matmul; the GPU's _scaled_mm and
-Triton paths are checked by benchmarks/bench_models.py on the device).
+Triton paths are checked by benchmarks/bench_moe_fp8.py on the device).
 
 An FP8 checkpoint made here from a tiny random transformers checkpoint (per-tensor, per-channel and 128x128
 block scales, in the tensor names real checkpoints use) must load and give the logprobs of the same model with

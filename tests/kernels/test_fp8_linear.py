@@ -82,7 +82,7 @@ def test_triton_per_token_quantization_equals_reference():
     q_ref, s_ref = quantize_per_token(x)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
     # the same e4m3 values, except where rounding carries into the exponent (126.7 -> 128): Triton's interpreter
-    # (numpy) drops that carry and gives half the value, 64. The GPU converts in hardware; bench_models.py's
+    # (numpy) drops that carry and gives half the value, 64. The GPU converts in hardware; bench_moe_fp8.py's
     # kernels part checks the _scaled_mm path built on this kernel against the reference there.
     a, b = q.float(), q_ref.float()
     differ = a != b

@@ -21,7 +21,7 @@ Parts (--parts, in this order; each is written to --out as soon as it is done, a
   fp8 vs bf16 on the GPU: tokens equal up to the first divergence, over 8 chat prompts x 48 tokens, and the fp8
   engine's teacher-forced logprob difference on the bf16 engine's text.
 
-    python3 -P benchmarks/bench_models.py --tokenizer .gpu/smollm2 --out $OUT/models.json [--parts moe,fp8]
+    python3 -P benchmarks/bench_moe_fp8.py --tokenizer .gpu/smollm2 --out $OUT/models.json [--parts moe,fp8]
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def engine_decode(model: str, args: argparse.Namespace, floor_weights, **engine_
     batches = [int(b) for b in args.batches.split(",")]
     t0 = time.perf_counter()
     eng = Engine(model, device=getattr(args, "device", "cuda"), dtype="bfloat16", tokenizer_path=args.tokenizer,
-                 max_total_tokens=max(batches) * (args.context + args.steps + 64) + 1024, **engine_args)
+                 context_length=4096, max_total_tokens=max(batches) * (args.context + args.steps + 64) + 1024,
+                 cuda_graph_max_bs=max(batches), max_running_requests=max(batches), **engine_args)
     init_s = time.perf_counter() - t0
     try:
         ns = argparse.Namespace(context=args.context, steps=args.steps, bandwidth=BW)
@@ -168,12 +169,20 @@ def engine_decode(model: str, args: argparse.Namespace, floor_weights, **engine_
 
 
 def _all_weights(eng, batch: int) -> int:
-    return sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
+    """Bytes of weights a decode step of `batch` tokens reads: all of them, except that an untied input
+    embedding is read only at the batch's rows (as issue 32's dense rows count it)."""
+    model = eng.runner.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not model.config.tie_word_embeddings:
+        embed = model.model.embed_tokens.weight
+        total -= (embed.shape[0] - batch) * embed.shape[1] * embed.element_size()
+    return total
 
 
 def _moe_weights(eng, batch: int) -> float:
-    """Bytes a decode step of `batch` tokens reads: every non-expert weight, and per sparse layer the experts
-    the batch routes to (expected number under uniform routing: the dummy router's logits are near zero)."""
+    """Bytes a decode step of `batch` tokens reads: the non-expert weights as _all_weights counts them, and per
+    sparse layer the experts the batch routes to (expected number under uniform routing: the dummy router's
+    logits are near zero)."""
     from sgnb.engine.models.moe import SparseMoE
 
     total, experts = 0.0, 0.0
@@ -356,7 +365,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("bench_models.py needs a CUDA device")
+        sys.exit("bench_moe_fp8.py needs a CUDA device")
     result: dict = {"device": device_name(), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "torch": torch.__version__, "bandwidth_bytes_per_s": BW, "args": vars(args), "errors": {}}
     for part in args.parts.split(","):
