@@ -225,13 +225,15 @@ def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None,
 def load_state_dict(
     source: ModelSource, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
     shard: Callable[[str, Any], torch.Tensor] | None = None,
+    rename: Callable[[str], str | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All tensors of `source`'s safetensors files, with HF names, on `device`, cast to `dtype` if given.
 
     Reads the shards named by model.safetensors.index.json when present, else every *.safetensors file.
     Tied models have no lm_head.weight: the model ties it to model.embed_tokens.weight.
     `shard(name, slice)` picks the part of each tensor to read (a tensor-parallel rank's shard): it gets a
-    safetensors slice, so only that part is read from the file.
+    safetensors slice, so only that part is read from the file. `rename(name)` gives the name the model
+    knows a checkpoint tensor by, None to skip it unread (a multimodal checkpoint's vision tower).
     """
     from safetensors import safe_open
 
@@ -245,8 +247,11 @@ def load_state_dict(
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt", device=str(device) if shard is None else "cpu") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name) if shard is None else shard(name, f.get_slice(name)).to(device)
+            for stored in f.keys():
+                name = stored if rename is None else rename(stored)
+                if name is None:
+                    continue
+                tensor = f.get_tensor(stored) if shard is None else shard(name, f.get_slice(stored)).to(device)
                 state[name] = tensor if dtype is None else tensor.to(dtype)
     return state
 

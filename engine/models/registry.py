@@ -66,7 +66,8 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
         model.init_dummy_weights(device, dtype, seed)
     else:
         sharded = tp is not None and tp.size > 1
-        state = load_state_dict(source, device, dtype, shard=model.shard_hf if sharded else None)
+        state = load_state_dict(source, device, dtype, shard=model.shard_hf if sharded else None,
+                                rename=getattr(model, "checkpoint_name", None))
         model.load_hf_state_dict(state, device, dtype)
     if quantization != "none":
         from sgnb.kernels.quant_linear import quantize_linears

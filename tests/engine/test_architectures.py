@@ -48,7 +48,7 @@ def _tiny(arch: str):
     raise AssertionError(arch)
 
 
-@pytest.fixture(scope="module", params=["qwen3"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "mistral"])
 def checkpoint(request, tmp_path_factory):
     """(arch, HF-format directory, the HF model in fp32) of a tiny random model with the SmolLM2 tokenizer."""
     from sgnb.engine.model_loader import SMOLLM2_NAME, resolve_model
