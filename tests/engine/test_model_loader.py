@@ -317,12 +317,18 @@ def test_dummy_config_file(tmp_path: Path) -> None:
         load_state_dict(source)
 
 
-@pytest.mark.parametrize("spec", ["gpt2", "meta-llama/Llama-2-7b-hf", "", "/no/such/dir"])
+@pytest.mark.parametrize("spec", ["gpt2", "", "/no/such/dir", "a/b/c"])
 def test_unknown_forms_are_rejected(spec: str) -> None:
     with pytest.raises(ValueError, match="Accepted forms") as info:
         resolve_model(spec)
-    for form in ("smollm2", ".gguf", "HF-format directory", "dummy:NAME", "tiny"):
+    for form in ("smollm2", ".gguf", "HF-format directory", "org/name", "dummy:NAME", "tiny"):
         assert form in str(info.value)
+
+
+def test_an_uncached_hub_id_names_the_download(tmp_path: Path) -> None:
+    """(tests/engine/test_hub.py covers hub ids in depth)"""
+    with pytest.raises(ValueError, match="hf download meta-llama/Llama-2-7b-hf"):
+        resolve_model("meta-llama/Llama-2-7b-hf", hub_cache=tmp_path)
 
 
 def test_bad_dummy_and_gguf_paths(tmp_path: Path) -> None:
