@@ -185,3 +185,46 @@ def test_triton_backend(checkpoint):
         _check(model, longer, out, start=13)
     finally:
         eng.shutdown()
+
+
+# Gemma's way, written for this test: no system role; a system message opens the first user turn
+NO_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set rest = messages[1:] -%}{%- else -%}{%- set first = '' -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- for m in rest -%}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{%- endif -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+
+def test_program_roles_with_a_template_without_system_role(checkpoint, tmp_path):
+    """A program's system + user messages render as the template renders them: one user turn."""
+    import json
+
+    import sgnb
+    from transformers import AutoTokenizer
+
+    arch, path, _ = checkpoint
+    if arch != "gemma3":
+        pytest.skip("Gemma's template")
+    shutil.copytree(path, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": NO_SYSTEM_TEMPLATE}))
+    eng = _engine(tmp_path / "m")
+    try:
+        @sgnb.function
+        def chat(s):
+            s += sgnb.system("Be brief.")
+            s += sgnb.user("Hi")
+            s += sgnb.assistant("Hello")
+            s += sgnb.user("Bye")
+
+        state = chat.run(backend=sgnb.Runtime(engine=eng))
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+        want = AutoTokenizer.from_pretrained(str(tmp_path / "m")).apply_chat_template(messages, tokenize=False)
+        assert state.text() == want == eng.apply_chat_template(messages, add_generation_prompt=False)
+        assert state.messages() == messages
+    finally:
+        eng.shutdown()
