@@ -202,8 +202,9 @@ def test_program_roles_with_a_template_without_system_role(checkpoint, tmp_path)
     """A program's system + user messages render as the template renders them: one user turn."""
     import json
 
-    import sgnb
     from transformers import AutoTokenizer
+
+    import sgnb
 
     arch, path, _ = checkpoint
     if arch != "gemma3":
