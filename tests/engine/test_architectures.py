@@ -229,3 +229,30 @@ def test_program_roles_with_a_template_without_system_role(checkpoint, tmp_path)
         assert state.messages() == messages
     finally:
         eng.shutdown()
+
+
+def test_graph_paths_with_windows(checkpoint):
+    """The decode and small-extend CUDA graphs' paths (their static buffers, padding and the extend kernel's
+    block table), run eagerly on CPU in the interpreter as tests/engine/test_attention_backends.py does: window
+    layers read the same keys inside a graph."""
+    from sgnb.engine.cuda_graph import DecodeGraphs, ExtendGraphs
+
+    arch, path, model = checkpoint
+    if arch == "qwen3":
+        pytest.skip("no window")
+    eng = _engine(path, attention_backend="triton")
+    try:
+        r = eng.runner
+        pad_row = r.req_pool.alloc()
+        r.graphs = DecodeGraphs(r.model, r.attn, r.req_pool.req_to_token, pad_row, r.kv_cache.scratch_slot, 4,
+                                r.kv_pool.size, r.device, capture=False)
+        r.extend_graphs = ExtendGraphs(r.model, r.attn, r.req_pool.req_to_token, pad_row, r.kv_cache.scratch_slot,
+                                       32, 8, r.model_config.head_dim, r.device, capture=False)
+        prompts = [_prompt(n, 40 + n) for n in (6, 11, 9)]
+        outs = eng.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 4}, return_logprob=True,
+                            logprob_start_len=0)
+        assert r.graphs.replays > 0 and r.extend_graphs.replays > 0
+        for ids, out in zip(prompts, outs):
+            _check(model, ids, out)
+    finally:
+        eng.shutdown()
