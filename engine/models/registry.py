@@ -75,12 +75,14 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
         if sharded:
             raise ValueError("FP8 checkpoints load at tp_size 1 for now; quantization='fp8' on a bf16 checkpoint "
                              "works at any tp_size")
-        state = load_state_dict(source, device)  # stored dtypes: e4m3 weights, float32 scales
+        # stored dtypes: e4m3 weights, float32 scales
+        state = load_state_dict(source, device, rename=getattr(model, "checkpoint_name", None))
         fp8 = split_fp8_checkpoint(state, config, dtype)
         model.load_hf_state_dict(state, device, dtype)
         model.quantized_layers = adopt_fp8_linears(model, fp8, QUANTIZED_LINEARS)
     else:
-        state = load_state_dict(source, device, dtype, shard=model.shard_hf if sharded else None)
+        state = load_state_dict(source, device, dtype, shard=model.shard_hf if sharded else None,
+                                rename=getattr(model, "checkpoint_name", None))
         model.load_hf_state_dict(state, device, dtype)
     if quantization == "fp8":
         from sgnb.kernels.fp8_linear import quantize_linears_fp8

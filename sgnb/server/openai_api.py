@@ -154,7 +154,7 @@ class OpenAIRoutes(_Routes):
 
     async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
                     media: _Media, plan: ToolPlan | None) -> Response:
-        text, images, videos = self._render_chat(req.messages, media, plan)
+        text, images, videos = self._render_chat(req.messages, media, plan, req.chat_template_kwargs)
         mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
         input_ids = self.engine.tokenizer.encode(text)
         limit = min(self.engine.context_length, self.kv_total)
@@ -221,8 +221,8 @@ class OpenAIRoutes(_Routes):
                 yield _sse({"error": {"message": err.message, "type": err.type, "code": err.status}})
             yield _SSE_DONE
 
-    def _render_chat(self, messages: list[dict[str, Any]], media: _Media,
-                     plan: ToolPlan | None = None) -> tuple[str, list[Any], list[Any]]:
+    def _render_chat(self, messages: list[dict[str, Any]], media: _Media, plan: ToolPlan | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> tuple[str, list[Any], list[Any]]:
         """The prompt text (the chat template over the messages) and its images and videos in order. A content
         list's text parts are joined by newlines; an image_url (video_url) part becomes the model's image (video)
         token in its place, with nothing around it, so text + image + text reads back as it was split.
@@ -295,7 +295,8 @@ class OpenAIRoutes(_Routes):
             else:
                 rendered.insert(0, {"role": "system", "content": described})
         try:
-            text = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, **tools_kw)
+            text = self.engine.apply_chat_template(rendered, add_generation_prompt=True,
+                                                   **{**(template_kwargs or {}), **tools_kw})
         except Exception as e:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
         return text, images, videos

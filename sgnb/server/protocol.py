@@ -232,6 +232,9 @@ class ChatCompletionRequest(_OpenAISampling):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
+    # variables of the chat template (SGLang's and vLLM's extension), e.g. {"enable_thinking": false} for Qwen3,
+    # over the engine's chat_template_kwargs
+    chat_template_kwargs: dict[str, Any] | None = None
     # accepted and ignored
     metadata: dict[str, Any] | None = None
     store: bool | None = None

@@ -48,7 +48,7 @@ def _tiny(arch: str):
     raise AssertionError(arch)
 
 
-@pytest.fixture(scope="module", params=["qwen3"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "mistral"])
 def checkpoint(request, tmp_path_factory):
     """(arch, HF-format directory, the HF model in fp32) of a tiny random model with the SmolLM2 tokenizer."""
     from sgnb.engine.model_loader import SMOLLM2_NAME, resolve_model
@@ -183,5 +183,76 @@ def test_triton_backend(checkpoint):
         out = eng.generate(input_ids=longer, sampling_params={**GREEDY, "max_new_tokens": 3}, return_logprob=True,
                            logprob_start_len=13)
         _check(model, longer, out, start=13)
+    finally:
+        eng.shutdown()
+
+
+# Gemma's way, written for this test: no system role; a system message opens the first user turn
+NO_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set rest = messages[1:] -%}{%- else -%}{%- set first = '' -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- for m in rest -%}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{%- endif -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+
+def test_program_roles_with_a_template_without_system_role(checkpoint, tmp_path):
+    """A program's system + user messages render as the template renders them: one user turn."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    import sgnb
+
+    arch, path, _ = checkpoint
+    if arch != "gemma3":
+        pytest.skip("Gemma's template")
+    shutil.copytree(path, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": NO_SYSTEM_TEMPLATE}))
+    eng = _engine(tmp_path / "m")
+    try:
+        @sgnb.function
+        def chat(s):
+            s += sgnb.system("Be brief.")
+            s += sgnb.user("Hi")
+            s += sgnb.assistant("Hello")
+            s += sgnb.user("Bye")
+
+        state = chat.run(backend=sgnb.Runtime(engine=eng))
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+        want = AutoTokenizer.from_pretrained(str(tmp_path / "m")).apply_chat_template(messages, tokenize=False)
+        assert state.text() == want == eng.apply_chat_template(messages, add_generation_prompt=False)
+        assert state.messages() == messages
+    finally:
+        eng.shutdown()
+
+
+def test_graph_paths_with_windows(checkpoint):
+    """The decode and small-extend CUDA graphs' paths (their static buffers, padding and the extend kernel's
+    block table), run eagerly on CPU in the interpreter as tests/engine/test_attention_backends.py does: window
+    layers read the same keys inside a graph."""
+    from sgnb.engine.cuda_graph import DecodeGraphs, ExtendGraphs
+
+    arch, path, model = checkpoint
+    if arch == "qwen3":
+        pytest.skip("no window")
+    eng = _engine(path, attention_backend="triton")
+    try:
+        r = eng.runner
+        pad_row = r.req_pool.alloc()
+        r.graphs = DecodeGraphs(r.model, r.attn, r.req_pool.req_to_token, pad_row, r.kv_cache.scratch_slot, 4,
+                                r.kv_pool.size, r.device, capture=False)
+        r.extend_graphs = ExtendGraphs(r.model, r.attn, r.req_pool.req_to_token, pad_row, r.kv_cache.scratch_slot,
+                                       32, 8, r.model_config.head_dim, r.device, capture=False)
+        prompts = [_prompt(n, 40 + n) for n in (6, 11, 9)]
+        outs = eng.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 4}, return_logprob=True,
+                            logprob_start_len=0)
+        assert r.graphs.replays > 0 and r.extend_graphs.replays > 0
+        for ids, out in zip(prompts, outs):
+            _check(model, ids, out)
     finally:
         eng.shutdown()
