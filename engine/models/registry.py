@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -65,7 +65,7 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
 
     cls = model_class(config)
     with torch.device("meta"):
-        model = cls(config, max_positions, tp)
+        model: Any = cls(config, max_positions, tp)  # a model class of _ARCHITECTURES (their loading methods)
     sharded = tp is not None and tp.size > 1
     if source.dummy:
         model.init_dummy_weights(device, dtype, seed)
