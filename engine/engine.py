@@ -38,7 +38,7 @@ from sgnb.engine import server_args
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus, wait_slice
 from sgnb.engine.media import is_pad
-from sgnb.engine.model_loader import load_tokenizer, resolve_model
+from sgnb.engine.model_loader import generation_defaults, load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
@@ -113,6 +113,11 @@ class Engine:
         "extend_graphs" for the CUDA graphs' share of "weights": seconds})."""
         log_level = kwargs.pop("log_level", None)
         chat_template = kwargs.pop("chat_template", None)
+        # variables every chat-template render gets (e.g. {"enable_thinking": False} for Qwen3); SGLang's name too
+        template_kwargs = kwargs.pop("chat_template_kwargs", None) or kwargs.pop("default_chat_template_kwargs", None)
+        if isinstance(template_kwargs, str):  # SGLang's command line passes JSON
+            template_kwargs = json.loads(template_kwargs)
+        self.chat_template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.served_model_name: str | None = kwargs.pop("served_model_name", None)
         self.reasoning_parser: str | None = kwargs.pop("reasoning_parser", None)
         if self.reasoning_parser is not None:
@@ -128,7 +133,9 @@ class Engine:
         self.load_phases: dict[str, float] = {}
         phase = _Phases(self.load_phases, progress)
         with phase("model", "finding the model (a GGUF is converted once, then cached)"):
-            self.source = resolve_model(self.config.model_path, self.config.cache_dir)
+            self.source = resolve_model(self.config.model_path, self.config.cache_dir, self.config.revision)
+            # generation_config.json's temperature / top_p / ...: what a request that gives none samples with
+            self.sampling_defaults: dict[str, Any] = generation_defaults(self.source)
         with phase("tokenizer", "loading the tokenizer"):
             self.tokenizer = load_tokenizer(self.source, self.config.cache_dir, self.config.tokenizer_path)
             if chat_template is not None:
@@ -222,8 +229,12 @@ class Engine:
                                                        max_source_bytes=self.config.max_grammar_bytes)
             return self._grammar_backend
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        """The model's chat template over `messages`; `kwargs` are template variables (tools, documents, a
+        template's own switches such as Qwen3's enable_thinking) over the engine's `chat_template_kwargs`."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  **{**self.chat_template_kwargs, **kwargs})
 
     # ---- requests ----------------------------------------------------------------------------------------
     def _check_open(self, workers: bool = True) -> None:
@@ -397,6 +408,13 @@ class Engine:
         videos = [it for it in items if it.kind == "video"]
         return images[len(images) - n_img:] + videos[len(videos) - n_vid:]
 
+    def _with_defaults(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The request's sampling params with the model's generation_config values where it gives none."""
+        if not self.sampling_defaults:
+            return params
+        given = params or {}
+        return {**given, **{k: v for k, v in self.sampling_defaults.items() if given.get(k) is None}}
+
     def _make_reqs(self, inp: GenerateInput, fit_to_context: bool = True) -> tuple[list[Req], bool]:
         """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here.
         fit_to_context: a max_new_tokens past the context length is lowered to fit (the in-process default) or,
@@ -411,7 +429,7 @@ class Engine:
                 _check_unicode(item.rid, "rid")
             ids = self._tokens(item.prompt, item.input_ids)  # type: ignore[arg-type]
             ids, placements = self._with_media(ids, item.image_data, item.video_data)
-            sp = SamplingParams.from_dict(item.sampling_params)
+            sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
                 from sgnb.engine.grammar import constraint_of

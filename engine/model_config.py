@@ -1,4 +1,5 @@
-"""ModelConfig: the shape of a Llama/Mistral/Qwen2-style decoder, read from (and written as) HF config.json.
+"""ModelConfig: the shape of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text), read from (and
+written as) HF config.json.
 
 One frozen, hashable dataclass built once by the model loader and passed to the model, the KV pool and the
 runner. It knows nothing of weights or devices; `from_hf_dict` is the only place HF's config conventions
@@ -17,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 # model_type -> the HF class name written into config.json "architectures".
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# MLP activations the models implement (the gate's; HF's hidden_act / hidden_activation names)
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# HF layer_types values: a layer attends to every earlier key, or to the last `sliding_window` ones
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+# mixture-of-experts architectures (engine/models/moe.py)
+_MOE_TYPES = ("mixtral", "qwen3_moe")
 # RoPE variants the model implements; "default" is plain RoPE and is stored as rope_scaling=None.
 _ROPE_TYPES = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
                "linear": ("factor",)}
@@ -33,6 +42,13 @@ _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
                 "rms_norm_eps": 1e-6, "sliding_window": 4096, "bos_token_id": 1, "eos_token_id": 2},
+}
+# Gemma3TextConfig's defaults (published Gemma 3 configs list only what differs from them)
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1,
+    "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
 }
 _VISION_DEFAULTS: dict[str, dict[str, Any]] = {
     "clip_vision_model": {"image_size": 224, "patch_size": 32, "hidden_size": 768, "intermediate_size": 3072,
@@ -242,8 +258,65 @@ class VisionSpec:
         return d
 
 
+def _int_if_whole(x: Any) -> float | int:
+    """x as an int when it is whole (transformers' config classes type such fields int), else a float."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
 def _first(d: dict[str, Any], *keys: str, default: Any) -> Any:
     return next((d[k] for k in keys if d.get(k) is not None), default)
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts side of a decoder (Mixtral, Qwen3-MoE); hashable, part of ModelConfig.
+
+    Contract:
+    - each token's router picks `top_k` of `num_experts` experts (softmax over all, then the top k); with
+      `norm_topk_prob` their weights are renormalized to sum to 1 (Mixtral always; Qwen3-MoE per its config).
+    - every expert is a SwiGLU MLP of width `intermediate_size` (HF's moe_intermediate_size for Qwen3-MoE; a
+      dense layer keeps ModelConfig.intermediate_size).
+    - `sparse_layers` lists the layers whose MLP is the expert block (Qwen3-MoE's decoder_sparse_step and
+      mlp_only_layers, resolved); the others are dense.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    sparse_layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.intermediate_size <= 0:
+            raise ValueError(f"expert intermediate size must be positive, got {self.intermediate_size}")
+        object.__setattr__(self, "sparse_layers", tuple(sorted(int(i) for i in self.sparse_layers)))
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], model_type: str) -> MoESpec:
+        layers = int(d["num_hidden_layers"])
+        if model_type == "mixtral":
+            return cls(num_experts=int(d.get("num_local_experts", 8)), top_k=int(d.get("num_experts_per_tok", 2)),
+                       intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True,
+                       sparse_layers=tuple(range(layers)))
+        # qwen3_moe; transformers 5 writes num_experts back as num_local_experts
+        experts = int(_first(d, "num_experts", "num_local_experts", default=128))
+        step = int(d.get("decoder_sparse_step", 1))
+        dense = set(d.get("mlp_only_layers") or ())
+        sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+        return cls(num_experts=experts, top_k=int(d.get("num_experts_per_tok", 8)),
+                   intermediate_size=int(d.get("moe_intermediate_size", 768)),
+                   norm_topk_prob=bool(d.get("norm_topk_prob", False)), sparse_layers=sparse)
+
+    def hf_fields(self, model_type: str, num_layers: int) -> dict[str, Any]:
+        """The config.json fields of this MoE side (ModelConfig.to_hf_dict adds them)."""
+        if model_type == "mixtral":
+            return {"num_local_experts": self.num_experts, "num_experts_per_tok": self.top_k}
+        return {"num_experts": self.num_experts, "num_experts_per_tok": self.top_k,
+                "moe_intermediate_size": self.intermediate_size, "norm_topk_prob": self.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [i for i in range(num_layers) if i not in self.sparse_layers]}
 
 
 @dataclass(frozen=True)
@@ -256,9 +329,21 @@ class ModelConfig:
     - `rope_scaling` is None for plain RoPE, else a sorted tuple of (key, value) items that always contains
       "rope_type" ("llama3" or "linear") and that type's fields; a tuple keeps the config hashable.
       Use `rope_scaling_dict` for a fresh dict.
-    - `sliding_window` is recorded (Mistral v0.1 declares 4096) but not applied by the engine: outputs are
-      exact only while a sequence stays within it.
+    - `sliding_window` W: a layer whose `layer_types` entry is "sliding_attention" attends to the last W keys
+      only (its own position and the W - 1 before it, as transformers' mask); `layer_types` None means every
+      layer is "sliding_attention" when sliding_window is set (Mistral), else "full_attention". The radix
+      cache keeps whole prefixes; only the attention reads are windowed (`window_of`).
+    - `qk_norm`: an RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3).
+    - `hidden_act` is the MLP gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+    - `rope_local_theta`: the RoPE base of sliding-window layers when it differs from `rope_theta` (Gemma 3's
+      local layers, which also take no rope scaling); None: every layer uses rope_theta / rope_scaling.
+    - `query_pre_attn_scalar`: attention scores are scaled by its -1/2 power instead of head_dim's (Gemma 3).
+    - "gemma3_text" also implies what its architecture hard-codes: (1 + w) RMSNorms, four norms per layer,
+      embeddings scaled by sqrt(hidden_size).
     - `eos_token_ids` lists every id that ends generation, most important first.
+    - Mixture of experts ("mixtral", "qwen3_moe"; `moe` is None for dense models): see MoESpec.
+    - `quant_method` "fp8": the checkpoint stores e4m3 weights with scales (HF quantization_config), per tensor
+      or per channel, or per 128x128 block when `weight_block_size` is (128, 128); None: unquantized.
     - `vision` is None for text models; for LLaVA-family models `architecture` is "llava", "llava_next" or
       "llava_next_video" (= vision.kind) and every other field describes the language model.
     """
@@ -281,6 +366,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
     vision: VisionSpec | None = None
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | int | None = None
+    moe: MoESpec | None = None
+    quant_method: str | None = None
+    weight_block_size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.vision is not None:
@@ -300,6 +393,23 @@ class ModelConfig:
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if (self.moe is not None) != (self.architecture in _MOE_TYPES):
+            raise ValueError(f"architecture {self.architecture!r} {'needs' if self.moe is None else 'takes no'} "
+                             "mixture-of-experts fields (ModelConfig.moe)")
+        if self.moe is not None and any(i >= self.num_hidden_layers for i in self.moe.sparse_layers):
+            raise ValueError(f"MoE layers {self.moe.sparse_layers} exceed the {self.num_hidden_layers} layers")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {_ACTIVATIONS}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(str(t) for t in self.layer_types))
+            bad = sorted(set(self.layer_types) - set(_LAYER_TYPES))
+            if bad:
+                raise ValueError(f"unsupported layer_types {bad}; supported: {_LAYER_TYPES}")
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types lists {len(self.layer_types)} layers, the model has "
+                                 f"{self.num_hidden_layers}")
         # Normalise the containers so that equal configs compare and hash equal whatever the caller passed.
         object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
         if self.rope_scaling is not None:
@@ -315,6 +425,19 @@ class ModelConfig:
     def kv_size(self) -> int:
         """Width of each of the k and v projection outputs: num_key_value_heads * head_dim."""
         return self.num_key_value_heads * self.head_dim
+
+    def window_of(self, layer_id: int) -> int | None:
+        """The sliding window of layer `layer_id` (the keys it reads: the last W), None for full attention."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer_id] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def attention_scale(self) -> float:
+        """What q.k is multiplied by before the softmax."""
+        return float(self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -341,31 +464,75 @@ class ModelConfig:
             model_type = next((by_class[a] for a in d.get("architectures") or () if a in by_class), None)
         if model_type in _MULTIMODAL_CLASSES:
             return cls._from_llava_dict({**d, "model_type": model_type})
+        if model_type == "gemma3":  # Gemma 3 4B/12B/27B: the text decoder of the multimodal checkpoint
+            return cls._from_gemma3_dict(d)
         if model_type not in _HF_CLASSES:
             raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_HF_CLASSES)}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {d['hidden_act']!r}; only 'silu' (SwiGLU) is implemented")
+        gemma = model_type == "gemma3_text"
+        if gemma:
+            d = {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in d.items() if v is not None or k == "sliding_window"}}
+            for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+                if d.get(key) is not None:
+                    raise ValueError(f"{key} is not supported (Gemma 3 checkpoints leave it null)")
+            if d.get("use_bidirectional_attention"):
+                raise ValueError("use_bidirectional_attention=True (an embedding model) is not supported")
+        act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {act!r}; implemented: {', '.join(_ACTIVATIONS)}")
         if d.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported")
         if model_type == "qwen2":
             attention_bias = True  # Qwen2 hard-codes q/k/v bias (and no o_proj bias); config.json omits it
         elif d.get("attention_bias"):
-            # In HF Llama/Mistral, attention_bias also adds an o_proj bias, which the model does not have.
+            # In HF Llama/Mistral/Qwen3/Gemma 3, attention_bias also adds an o_proj bias, which the model lacks.
             raise ValueError(f"attention_bias=True is not supported for {model_type} (it implies an o_proj bias)")
         else:
             attention_bias = False
 
         heads = int(d["num_attention_heads"])
         head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
-        # transformers >= 5 folds rope_theta and the scaling fields into one "rope_parameters" dict.
+        # transformers >= 5 folds rope_theta and the scaling fields into one "rope_parameters" dict (Gemma 3:
+        # one such dict per layer type)
         rope_params = dict(d.get("rope_parameters") or {})
-        rope_theta = d.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+        local_params: dict[str, Any] = {}
+        if gemma and "full_attention" in rope_params:
+            local_params = dict(rope_params.get("sliding_attention") or {})
+            rope_params = dict(rope_params.get("full_attention") or {})
+        rope_theta = d.get("rope_theta", rope_params.pop("rope_theta", 1_000_000.0 if gemma else 10000.0))
         scaling = d.get("rope_scaling") or rope_params or None
+        rope_local_theta = None
+        if gemma:
+            if local_params.get("rope_type", "default") != "default":
+                raise ValueError("Gemma 3 sliding layers with rope scaling are not supported")
+            rope_local_theta = float(d.get("rope_local_base_freq", local_params.get("rope_theta", 10000.0)))
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
         sliding_window = d.get("sliding_window")
-        if model_type == "qwen2" and not d.get("use_sliding_window", False):
-            sliding_window = None  # Qwen2 declares a window but disables it by default
+        layer_types = d.get("layer_types")
+        if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+            if not d.get("use_sliding_window", False):
+                sliding_window, layer_types = None, None  # declared but disabled by default
+            elif layer_types is None:  # transformers' rule: the layers from max_window_layers on use the window
+                first = int(d.get("max_window_layers", 28))
+                layer_types = ["sliding_attention" if i >= first else "full_attention"
+                               for i in range(int(d["num_hidden_layers"]))]
+        elif model_type in ("mistral", "mixtral"):
+            layer_types = None  # every layer, when a window is declared
+        elif model_type == "llama":
+            sliding_window, layer_types = None, None
+        elif gemma and layer_types is None:
+            pattern = int(d.get("sliding_window_pattern", 6))
+            layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                           for i in range(int(d["num_hidden_layers"]))]
+        if sliding_window is None:
+            layer_types = None
+        moe = MoESpec.from_hf_dict(d, model_type) if model_type in _MOE_TYPES else None
+        quant = dict(d.get("quantization_config") or {})
+        quant_method, block = quant.get("quant_method"), quant.get("weight_block_size")
+        if quant_method not in (None, "fp8"):
+            raise ValueError(f"quantization_config quant_method {quant_method!r} is not supported (only 'fp8')")
+        if block is not None and tuple(block) != (128, 128):
+            raise ValueError(f"FP8 weight_block_size {block} is not supported (only [128, 128])")
         return cls(
             architecture=model_type,
             vocab_size=int(d["vocab_size"]),
@@ -379,12 +546,30 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=None if scaling is None else tuple(scaling.items()),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
             attention_bias=attention_bias,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             sliding_window=None if sliding_window is None else int(sliding_window),
+            moe=moe,
+            quant_method=quant_method,
+            weight_block_size=None if block is None else (128, 128),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+            hidden_act=act,
+            layer_types=None if layer_types is None else tuple(layer_types),
+            rope_local_theta=rope_local_theta,
+            query_pre_attn_scalar=_int_if_whole(d["query_pre_attn_scalar"]) if gemma else None,
         )
+
+    @classmethod
+    def _from_gemma3_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The language model of a Gemma 3 image-text checkpoint (its vision tower is not loaded)."""
+        text = {**dict(d.get("text_config") or {}), "model_type": "gemma3_text"}
+        for key in ("eos_token_id", "bos_token_id"):
+            if d.get(key) is not None:
+                text.setdefault(key, d[key])
+        text.pop("architectures", None)
+        return cls.from_hf_dict(text)
 
     @classmethod
     def _from_llava_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -430,7 +615,7 @@ class ModelConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling_dict,
@@ -439,14 +624,33 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
         }
+        if self.moe is not None:
+            d |= self.moe.hf_fields(self.architecture, self.num_hidden_layers)
+        if self.quant_method is not None:
+            d["quantization_config"] = {"quant_method": self.quant_method, "activation_scheme": "dynamic"}
+            if self.weight_block_size is not None:
+                d["quantization_config"]["weight_block_size"] = list(self.weight_block_size)
         if self.architecture == "llama":
             d["attention_bias"] = False
             d["mlp_bias"] = False
-        elif self.architecture == "mistral":
+        elif self.architecture in ("mistral", "mixtral"):
             d["sliding_window"] = self.sliding_window
-        else:  # qwen2: q/k/v bias is implied by the class; the window is opt-in
+        elif self.architecture == "gemma3_text":
+            d["hidden_activation"] = d.pop("hidden_act")
+            d["attention_bias"] = False
+            d["query_pre_attn_scalar"] = self.query_pre_attn_scalar
+            d["sliding_window"] = self.sliding_window
+            d["rope_local_base_freq"] = self.rope_local_theta
+        else:  # qwen2 / qwen3: q/k/v bias is implied by the class (qwen2); the window is opt-in
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
+            if self.architecture in ("qwen3", "qwen3_moe"):
+                d["attention_bias"] = False
+        if self.layer_types is not None:
+            d["layer_types"] = list(self.layer_types)
+        if (self.architecture in ("qwen2", "qwen3", "qwen3_moe") and self.sliding_window is not None
+                and self.layer_types is None):
+            d["max_window_layers"] = 0  # every layer
         return d
 
 

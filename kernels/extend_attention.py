@@ -8,8 +8,10 @@ of the block sees in full run with no mask at all; the rest (the causal diagonal
 masked. Callers write the new tokens' K/V into the pool first, so all keys come from the pool.
 
 Causal alignment is bottom-right: with L = kv_end[i] and n queries, query j sees key positions p <= L - n + j
-(the new tokens are the last n positions of the range). LSE: natural log (FlashInfer's is base 2); rows that
-see no key get out = 0 and lse = -inf. No host syncs on the Triton path (CUDA-graph safe).
+(the new tokens are the last n positions of the range). A sliding window W (causal only) also hides the keys
+p <= L - n + j - W: each query sees its own position and the W - 1 before it (transformers' convention); a
+block then starts at its first row's window, with masked tiles until every row's window has begun.
+LSE: natural log (FlashInfer's is base 2); rows that see no key get out = 0 and lse = -inf. No host syncs on the Triton path (CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -60,12 +62,13 @@ _NEG_BIG = constexpr(-1.0e30)
 
 @_jit
 def _attend_tile(
-    acc, l_i, m_i, q, n0, rt, k_base, v_base, stride_ks, stride_vs, kv_end, diag, offs_m, qk_scale,
+    acc, l_i, m_i, q, n0, rt, k_base, v_base, stride_ks, stride_vs, kv_end, diag, offs_m, qk_scale, window,
     D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False,
 ):
     """One key tile [n0, n0 + BLOCK_N) into the running (acc, l, m). MASKED: bounds (p < kv_end) and, if
-    CAUSAL, p <= diag + row; unmasked tiles are known to be in range and visible to every row."""
+    CAUSAL, p <= diag + row (and with WINDOW, p > diag + row - window); unmasked tiles are known to be in range
+    and visible to every row."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     if MASKED:
@@ -82,6 +85,8 @@ def _attend_tile(
         visible = in_range[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= diag + offs_m[:, None])
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > diag + offs_m[:, None] - window)
         qk = tl.where(visible, qk, float("-inf"))
     # scaled to base 2 inside the exp2 (one FMA a score); qk_scale > 0, so the max commutes with it
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -94,15 +99,15 @@ def _attend_tile(
 
 # kv_start_val is the shared-prefix length of a cascade: a new compile per value divisible by 16 or not
 # would land inside a program's first steps, so it is not specialized
-@_jit(do_not_specialize=["kv_start_val"])
+@_jit(do_not_specialize=["kv_start_val", "window"])
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, req_to_token_ptr, req_pool_ptr, qo_indptr_ptr, kv_start_ptr, kv_end_ptr, o_ptr, lse_ptr,
-    kv_start_val, qk_scale,
+    kv_start_val, qk_scale, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     stride_ot, stride_oh, stride_lt, stride_lh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     START_TENSOR: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_TABLE: tl.constexpr,
-    blocks_ptr, REVERSE_M: tl.constexpr = False,
+    blocks_ptr, REVERSE_M: tl.constexpr = False, WINDOW: tl.constexpr = False,
 ):
     h = tl.program_id(1)
     if BLOCK_TABLE:  # program i takes the query block blocks[i] = (request, first query); request -1: none
@@ -142,8 +147,6 @@ def _extend_kernel(
     else:
         hi = end
         full_hi = end
-    mid = start + tl.maximum(full_hi - start, 0) // BLOCK_N * BLOCK_N  # end of the unmasked tiles
-
     rt = req_to_token_ptr + row * stride_rt
     kvh = h // G
     k_base = k_ptr + kvh * stride_kh
@@ -151,12 +154,21 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for n0 in range(start, mid, BLOCK_N):
+    base = start
+    if WINDOW:  # the first row's window begins first; from the last row's start on every row sees the keys
+        lo = tl.maximum(start, diag + m0 + 1 - window)
+        base = lo + tl.cdiv(tl.maximum(diag + m0 + BLOCK_M - window, lo) - lo, BLOCK_N) * BLOCK_N
+        for n0 in range(lo, tl.minimum(base, hi), BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, n0, rt, k_base, v_base, stride_ks, stride_vs, end,
+                                         diag, offs_m, qk_scale, window, D, BLOCK_N, True, CAUSAL, DOT_PRECISION,
+                                         True)
+    mid = base + tl.maximum(full_hi - base, 0) // BLOCK_N * BLOCK_N  # end of the unmasked tiles
+    for n0 in range(base, mid, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, n0, rt, k_base, v_base, stride_ks, stride_vs, end, diag,
-                                     offs_m, qk_scale, D, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+                                     offs_m, qk_scale, window, D, BLOCK_N, False, CAUSAL, DOT_PRECISION)
     for n0 in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, n0, rt, k_base, v_base, stride_ks, stride_vs, end, diag,
-                                     offs_m, qk_scale, D, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                                     offs_m, qk_scale, window, D, BLOCK_N, True, CAUSAL, DOT_PRECISION, WINDOW)
 
     seen = l_i > 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -205,11 +217,12 @@ def extend_attention(
     out: torch.Tensor | None = None,  # (T, H, D) q.dtype
     lse: torch.Tensor | None = None,  # (T, H) float32
     blocks: torch.Tensor | None = None,  # (NB, 2) int: the query blocks to compute (extend_blocks); see below
+    window: int | None = None,  # sliding window (causal only): each query sees its last `window` positions
 ) -> torch.Tensor:
     """Request i's queries attend to the keys at positions [kv_start(_i), kv_end[i]) of its row, head h on KV
     head h // (H // Hkv). causal=True: query j of n sees positions p <= kv_end[i] - n + j (bottom-right);
     causal=False: every key of the range (a shared prefix: all T queries of a batch as one request over one
-    row's first shared_len slots).
+    row's first shared_len slots). With a window W, query j sees only p > kv_end[i] - n + j - W.
 
     Writes out (T, H, D) in q.dtype (allocated if None) and, if given, lse (T, H) float32 natural log; rows that
     see no key get out = 0, lse = -inf; rows of q outside every request's range are not written. Returns out.
@@ -224,11 +237,12 @@ def extend_attention(
     T, B, H, Hkv, D = _check_args(q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start, kv_end,
                                   out, lse)
     assert scale > 0, scale
+    assert window is None or (causal and window > 0), (window, causal)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not _use_triton(q):
         return extend_attention_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start, kv_end,
-                                    causal, scale, max_q_len, out=out, lse=lse)
+                                    causal, scale, max_q_len, out=out, lse=lse, window=window)
     if B == 0 or T == 0 or max_q_len <= 0:
         return out
     long = bool(causal) and blocks is None and EXTEND_LONG_TILES is not None and max_q_len >= EXTEND_LONG_MIN
@@ -241,14 +255,14 @@ def extend_attention(
     _extend_kernel[grid](
         q, k_buf, v_buf, req_to_token, req_pool_indices, qo_indptr, kv_start if start_tensor else kv_end, kv_end,
         out, lse if lse is not None else out,
-        0 if start_tensor else int(kv_start), scale * _HOST_LOG2E,
+        0 if start_tensor else int(kv_start), scale * _HOST_LOG2E, int(window or 0),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), out.stride(0), out.stride(1),
         *((lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)),
         G=H // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), START_TENSOR=start_tensor,
         WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_TABLE=blocks is not None, blocks_ptr=blocks if blocks is not None else qo_indptr,
-        REVERSE_M=bool(long and EXTEND_REVERSE),
+        REVERSE_M=bool(long and EXTEND_REVERSE), WINDOW=window is not None,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -289,6 +303,7 @@ def extend_attention_ref(
     max_q_len: int,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The torch reference of extend_attention (same contract), float32 math, one request (and a chunk of its
     queries) at a time. Reads the index tensors on the host: not CUDA-graph safe."""
@@ -317,7 +332,10 @@ def extend_attention_ref(
             scores = torch.einsum("mkgd,nkd->kgmn", qg, k) * scale  # (Hkv, G, m, nk)
             if causal:
                 q_pos = e - n + c + torch.arange(m, device=q.device)  # (m,) position of each query
-                scores.masked_fill_(key_pos[None, :] > q_pos[:, None], float("-inf"))
+                hidden = key_pos[None, :] > q_pos[:, None]  # (m, nk)
+                if window is not None:
+                    hidden |= key_pos[None, :] <= q_pos[:, None] - window
+                scores.masked_fill_(hidden, float("-inf"))
             lse_c = torch.logsumexp(scores, dim=-1)  # (Hkv, G, m); -inf where no key is visible
             probs = torch.exp(scores - lse_c.clamp(min=-1e30).unsqueeze(-1))  # masked keys: exp(-inf) = 0
             o = torch.einsum("kgmn,nkd->mkgd", probs, v)  # (m, Hkv, G, D)

@@ -32,6 +32,10 @@ class ChatTemplate:
     # writes none there (then sgnb's tool prompt is used)
     tools_renderer: Callable[[list[dict[str, Any]]], str | None] | None = field(default=None, compare=False,
                                                                                  hash=False)
+    # a template without a system role (Gemma's) writes the system content at the start of the first user turn:
+    # the system prefix opens that turn, and the user message right after it takes this prefix instead of
+    # the user prefix (None: no such template)
+    user_prefix_after_system: str | None = None
 
     def prefix_and_suffix(self, role: str) -> tuple[str, str]:
         if role == "tool" and role not in self.role_prefix_and_suffix and "user" in self.role_prefix_and_suffix:
@@ -130,6 +134,8 @@ def derive_from_jinja(render: Callable[..., str], name: str = "model") -> ChatTe
     user_suffix = u_to_a[: len(u_to_a) - len(asst_prefix)] if asst_prefix and u_to_a.endswith(asst_prefix) else u_to_a
     s_to_u = between(four, m[0], m[1])
     sys_suffix = s_to_u[: len(s_to_u) - len(user_prefix)] if user_prefix and s_to_u.endswith(user_prefix) else s_to_u
+    # no user prefix between the system and the user content: both are one user turn (no system role)
+    folded = "" if user_prefix and user_prefix not in s_to_u else None
     sys_prefix = four[: four.index(m[0])]
     roles = {"system": (sys_prefix, sys_suffix), "user": (user_prefix, user_suffix),
              "assistant": (asst_prefix, asst_suffix)}
@@ -143,7 +149,7 @@ def derive_from_jinja(render: Callable[..., str], name: str = "model") -> ChatTe
     if tool is not None:
         roles["tool"] = tool
     stop = tuple(x for x in {asst_suffix.strip()} if x)
-    return ChatTemplate(name, roles, default_system, stop, _tools_renderer(render, m))
+    return ChatTemplate(name, roles, default_system, stop, _tools_renderer(render, m), folded)
 
 
 def _tool_role(render: Callable[..., str], m: list[str], asst_suffix: str) -> tuple[str, str] | None:

@@ -26,7 +26,8 @@ _NOT_OPTIONS = {"model_path", "extra"}
 _ALIASES = {"model_path": ["--model", "--model-path"], "tp_size": ["--tp-size", "--tp", "--tensor-parallel-size"]}
 _CHOICES: dict[str, Sequence[str]] = {"schedule_policy": SCHEDULE_POLICIES, "attention_backend": ATTENTION_BACKENDS}
 _HELP = {"tp_size": "tensor parallelism: shard the model over N worker processes (one per GPU; gloo ranks on CPU) ",
-         "tp_workers": "run the model in a worker process even at tp size 1 "}
+         "tp_workers": "run the model in a worker process even at tp size 1 ",
+         "revision": "of a hub id: a branch, tag or commit (default main) "}
 
 
 def _field_type(f: dataclasses.Field) -> Callable[[str], Any]:
@@ -42,7 +43,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --model and one option per EngineConfig field. Only options given end up in `engine_kwargs`."""
     group = parser.add_argument_group("engine (EngineConfig)")
     group.add_argument(*_ALIASES["model_path"], dest="model_path", default="smollm2",
-                       help="smollm2 (default), an HF-format directory, a .gguf file or dummy:<name>")
+                       help="smollm2 (default), a hub id (org/name, from the Hugging Face cache), an HF-format "
+                            "directory, a .gguf file or dummy:<name>")
     for f in dataclasses.fields(EngineConfig):
         if f.name in _NOT_OPTIONS:
             continue

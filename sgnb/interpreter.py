@@ -569,6 +569,9 @@ class StreamExecutor:
             self._append(tmpl.default_system_prompt)
             self._role_end(ir.RoleEnd("system"))
         prefix, _ = tmpl.prefix_and_suffix(node.role)
+        if (node.role == "user" and tmpl.user_prefix_after_system is not None and self.messages_
+                and self.messages_[-1]["role"] == "system"):
+            prefix = tmpl.user_prefix_after_system  # the system content opened this user turn
         self._append(prefix)
         self.cur_role, self.cur_role_begin = node.role, len(self.text_)
         self.role_hidden, self.role_calls, self.role_answers = [], [], None

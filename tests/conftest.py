@@ -7,6 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+# No test reaches the Hugging Face hub: huggingface_hub reads this when first imported (hub ids resolve from the
+# local cache only; tests/engine/test_hub.py builds its own cache)
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 import pytest
 import torch
 

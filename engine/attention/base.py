@@ -45,7 +45,9 @@ log = logging.getLogger("sgnb.engine")
 
 
 class AttentionLayer(Protocol):
-    """What a backend needs to know about the layer calling it."""
+    """What a backend needs to know about the layer calling it. A layer may also carry `sliding_window`
+    (int W, or None: full attention): its queries then see only their last W positions (own included), the
+    convention of transformers' sliding-window masks. The pool still holds every key; only the reads narrow."""
 
     layer_id: int
     scale: float

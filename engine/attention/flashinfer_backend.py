@@ -7,6 +7,10 @@ heads), batch prefill over the paged cache (causal, bottom-right aligned: new to
 when the batch shares a radix prefix (level 0: every query over the shared slots; level 1: each request's own).
 CUDA graphs: one decode wrapper per captured batch size in FlashInfer's graph mode, over shared static indptr /
 indices / last-page buffers; each replay re-plans it (host indptr, indices written on the device).
+
+Plans are per forward, not per layer: layers FlashInfer's plan does not fit, sliding-window layers and layers
+whose softmax scale is not head_dim ** -0.5 (Gemma 3's query_pre_attn_scalar), run our Triton kernels over the
+same pool (`TritonAttention.attend_direct`, graph-safe) instead of planning a second set of wrappers.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class FlashInferAttention(AttentionBackend):
         self.paged = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(kv_cache.k_buffers, kv_cache.v_buffers)]
         self.use_tensor_cores = num_heads // num_kv_heads > 4
         self.graph_wrappers: dict[int, object] = {}  # batch size -> decode wrapper in CUDA-graph mode
+        from sgnb.engine.attention.triton_backend import TritonAttention
+
+        self.direct = TritonAttention(kv_cache, num_heads, num_kv_heads, head_dim)  # the layers a plan cannot fit
 
     def init_cuda_graph_state(self, max_bs: int, max_kv_tokens: int) -> None:
         dev = self.workspace.device
@@ -112,5 +119,7 @@ class FlashInferAttention(AttentionBackend):
             fb.attn_metadata = self.prefill
 
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
+        if getattr(layer, "sliding_window", None) is not None or abs(layer.scale * self.head_dim**0.5 - 1) > 1e-6:
+            return self.direct.attend_direct(q, layer, fb)
         # softmax scale: FlashInfer's default, head_dim ** -0.5, is the layer's
         return fb.attn_metadata.run(q.contiguous(), self.paged[layer.layer_id])  # (T, H, D)

@@ -45,4 +45,5 @@ class HybridAttention(AttentionBackend):
         self.decode.init_replay_metadata(fb)
 
     def attend(self, q, layer: AttentionLayer, fb: ForwardBatch):
+        # the FlashInfer half hands sliding-window layers (and other scales) to Triton itself
         return self._half(fb).attend(q, layer, fb)

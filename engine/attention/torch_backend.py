@@ -1,5 +1,8 @@
 """The torch reference backend: the CPU path, and the oracle the fast backends are tested against.
 
+A sliding-window layer (`layer.sliding_window`) attends per request over the keys of its queries' windows
+(paged_attention_ref with a window): none of the plans below, which read whole prefixes.
+
 Groups: the scheduler orders a batch so that requests sharing a cached radix prefix sit together and says so in
 fb.groups; each group with a shared prefix runs the reference's cascade on its own (the prefix's K/V read once
 for the group), so a batch mixing several few-shot prefixes (MMLU subjects) still reads each prefix once.
@@ -129,6 +132,10 @@ class TorchAttention(AttentionBackend):
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         cache = self.kv_cache
         k_buf, v_buf = cache.k_buffers[layer.layer_id], cache.v_buffers[layer.layer_id]
+        window = getattr(layer, "sliding_window", None)
+        if window is not None:  # per request, the keys of its queries' windows only (no cascade, no plan)
+            return paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices_cpu,
+                                       fb.prefix_lens_cpu, fb.extend_lens_cpu, layer.scale, window=window)
         if isinstance(fb.attn_metadata, _NativePlan):
             return self._native(q, k_buf, v_buf, fb.req_to_token, fb.attn_metadata, layer.scale)
         offsets, views = fb.attn_metadata

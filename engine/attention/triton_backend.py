@@ -3,6 +3,10 @@
 With fb.shared_len = L > 0 the batch's common radix prefix is read once: every query of the batch attends to
 the first L slots of one request's row in one non-causal pass, each request then attends to its own keys
 [L, seq_len), and the two partials are merged by their log-sum-exps.
+
+A sliding-window layer (`layer.sliding_window` = W) skips the cascade: decode reads positions
+[max(0, len - W), len) (the start computed on the device, inside a CUDA graph too), extend masks each query to
+its last W positions and skips the tiles before its block's first window.
 """
 
 from __future__ import annotations
@@ -38,10 +42,25 @@ class TritonAttention(AttentionBackend):
         fb.attn_metadata = _SharedPass(fb.req_pool_indices[:1], qo,
                                        torch.full((1,), fb.shared_len, dtype=torch.int64, device=dev))
 
+    def attend_direct(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
+        """Attention of this layer without a cascade and without fb.attn_metadata (any backend's plan may be
+        there): what sliding-window layers take, here and in the FlashInfer backends. CUDA-graph safe."""
+        k_buf, v_buf = self.kv_cache.k_buffers[layer.layer_id], self.kv_cache.v_buffers[layer.layer_id]
+        window = getattr(layer, "sliding_window", None)
+        if fb.mode is ForwardMode.DECODE:
+            # (B,) first position in the window, a device op: captured with the graph
+            start = 0 if window is None else (fb.seq_lens - window).clamp_(min=0)
+            return decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, start, fb.seq_lens,
+                                    layer.scale, num_splits=default_num_splits(fb.batch_size, self.num_kv_heads))
+        return extend_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.qo_indptr, 0, fb.seq_lens,
+                                True, layer.scale, fb.max_extend_len, blocks=fb.blocks, window=window)
+
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         k_buf, v_buf = self.kv_cache.k_buffers[layer.layer_id], self.kv_cache.v_buffers[layer.layer_id]
         decode = fb.mode is ForwardMode.DECODE
         splits = default_num_splits(fb.batch_size, self.num_kv_heads)  # fixed per batch size (CUDA graphs)
+        if getattr(layer, "sliding_window", None) is not None:
+            return self.attend_direct(q, layer, fb)
         shared: _SharedPass | None = fb.attn_metadata
         if shared is None:
             if decode:

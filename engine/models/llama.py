@@ -1,7 +1,12 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2-style configs) over the paged KV pool.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3; Gemma 3 in gemma3.py) over the paged KV pool.
 
 RMSNorm, RoPE (incl. llama3 scaling), grouped-query attention, SwiGLU MLP, optional tied embeddings and q/k/v
-bias. Operates on flat token batches (T tokens from many requests); attention reads the KV pool.
+bias, optional q/k RMSNorm per head (Qwen3) and a sliding window per layer (Mistral; the attention backend
+applies `Attention.sliding_window`). Operates on flat token batches (T tokens from many requests); attention
+reads the KV pool.
+
+Variants subclass without copying: a model class names its decoder layer (`layer_cls`), a layer builds its
+MLP through `make_mlp` (an MoE block replaces it there) and its attention through `make_attention`.
 Parameters use Hugging Face names, except that q/k/v are fused into one `qkv_proj` and gate/up into one
 `gate_up_proj` (one wider GEMM each); `load_hf_state_dict` stacks an HF checkpoint's tensors into them.
 
@@ -15,7 +20,7 @@ single-rank group every shard is the whole tensor and the collectives are no-ops
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -82,20 +87,33 @@ class Attention(nn.Module):
         # this rank's heads (all of them at tp size 1)
         self.num_heads, self.num_kv_heads, self.head_dim = tp.layout.num_heads, tp.layout.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = cfg.attention_scale
+        # the backends read it: attend to the last `sliding_window` keys only (None: all of them)
+        self.sliding_window = cfg.window_of(layer_id)
+        # which RoPE tables this layer takes (Gemma 3's sliding layers have their own base)
+        self.rope_kind = "local" if self.sliding_window is not None and cfg.rope_local_theta is not None else "global"
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:  # over each head's D features, one weight shared by all heads
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ropes: dict[str, tuple[torch.Tensor, torch.Tensor]],
                 fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # strided views
         q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        if self.q_norm is not None and self.k_norm is not None:  # new contiguous tensors, before RoPE
+            # one row per head (the kernels take rows of one stride: a head of the fused output is not that)
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.num_heads, self.head_dim)  # (T, H, D)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         assert fb.attn_backend is not None, "the runner attaches its attention backend to the batch"
         # (T, H, D); rotates q and k in place and stores k, v in the pool first
-        o = fb.attn_backend.forward(q, k, v, self, fb, rope=(positions, *rope))
+        o = fb.attn_backend.forward(q, k, v, self, fb, rope=(positions, *ropes[self.rope_kind]))
         return self.tp.all_reduce(self.o_proj(o.reshape(T, self.q_size)))  # (T, hidden)
 
 
@@ -106,9 +124,16 @@ class MLP(nn.Module):
         inter = tp.layout.intermediate_size  # this rank's columns
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
+        self.act = cfg.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))  # (T, hidden)
+        gate_up = self.gate_up_proj(x)  # (T, 2 * inter)
+        if self.act == "silu":
+            h = silu_and_mul(gate_up)  # (T, inter)
+        else:  # gelu_pytorch_tanh: GeGLU (Gemma)
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = nn.functional.gelu(gate, approximate="tanh") * up  # (T, inter)
+        return self.tp.all_reduce(self.down_proj(h))  # (T, hidden)
 
 
 class VocabEmbedding(nn.Module):
@@ -131,43 +156,58 @@ class VocabEmbedding(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id, tp)
-        self.mlp = MLP(cfg, tp)
+        self.self_attn = self.make_attention(cfg, layer_id, tp)
+        self.mlp = self.make_mlp(cfg, layer_id, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def make_attention(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
+        return Attention(cfg, layer_id, tp)
+
+    def make_mlp(self, cfg: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
+        """This layer's feed-forward block: (T, hidden) -> (T, hidden), all-reduced under TP. A subclass returns
+        a mixture-of-experts block here (for some or all layers)."""
+        return MLP(cfg, tp)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor], fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+                ropes: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) -> (this layer's MLP output, the running sum before it). The sums happen inside the
-        next norm (fused add + RMSNorm): h = residual + attn(norm(residual)), out = h + mlp(norm(h))."""
+        next norm (fused add + RMSNorm): h = residual + attn(norm(residual)), out = h + mlp(norm(h)).
+        ropes: the model's RoPE tables by kind ("global", and "local" where sliding layers have their own)."""
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, rope, fb)
+        h = self.self_attn(h, positions, ropes, fb)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, layer_cls: type[DecoderLayer] = DecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_cls: ClassVar[type[DecoderLayer]] = DecoderLayer  # what a subclass swaps (Gemma 3, an MoE model)
+    # added to every norm weight at load (Gemma's norms scale by 1 + w: the model stores 1 + w)
+    norm_offset: ClassVar[float] = 0.0
+
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.tp = tp or TPGroup.single(cfg)
-        self.model = LlamaModel(cfg, self.tp)
+        self.model = LlamaModel(cfg, self.tp, self.layer_cls)
         self.lm_head = nn.Linear(cfg.hidden_size, self.tp.layout.vocab_size, bias=False)  # this rank's vocab rows
         self.max_positions = max_positions
         self.tie_weights()
         self.rope_cos: torch.Tensor | None = None  # set by setup_rope once weights are on their device
         self.rope_sin: torch.Tensor | None = None
+        self.ropes: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # by kind: "global" (and "local")
         # CPU decode steps run every layer in one call of our C kernel when the weights are on its formats
         # (kernels/native.decode_layers); False: always the module path (tests compare the two)
         self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
@@ -185,6 +225,10 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict)
         cos, sin = rope_cos_sin(inv_freq, self.max_positions)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        self.ropes = {"global": (self.rope_cos, self.rope_sin)}
+        if cfg.rope_local_theta is not None:  # sliding layers: their own base, no scaling
+            cos, sin = rope_cos_sin(rope_inv_freq(cfg.head_dim, cfg.rope_local_theta, None), self.max_positions)
+            self.ropes["local"] = (cos.to(device), sin.to(device))
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
@@ -195,16 +239,27 @@ class LlamaForCausalLM(nn.Module):
             out = self._fused_decode(fb)
             if out is not None:
                 return out
-        x = self.model.embed_tokens(fb.input_ids)  # (T, hidden)
+        x = self.embed(fb.input_ids)  # (T, hidden)
         if fb.mm_rows is not None:
             x[fb.mm_rows] = fb.mm_embeds.to(x.dtype)  # type: ignore[union-attr]
-        rope = (self.rope_cos, self.rope_sin)
         residual = None
         for layer in self.model.layers:
-            x, residual = layer(x, residual, fb.positions, rope, fb)
+            x, residual = layer(x, residual, fb.positions, self.ropes, fb)
         if residual is None:  # no layers
             return self.model.norm(x)
         return self.model.norm(x, residual)[0]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of token ids (T,) -> (T, hidden)."""
+        return self.model.embed_tokens(ids)
+
+    def _native_layers(self) -> bool:
+        """Whether our C decode kernel computes this model's layers: plain Llama layers (no q/k norm, SwiGLU,
+        full attention everywhere, the standard scale)."""
+        cfg = self.config
+        return (type(self).layer_cls is DecoderLayer and self.norm_offset == 0.0 and not cfg.qk_norm
+                and cfg.hidden_act == "silu" and cfg.sliding_window is None
+                and cfg.query_pre_attn_scalar is None and all(type(layer.mlp) is MLP for layer in self.model.layers))
 
     def _fused_decode(self, fb: ForwardBatch) -> torch.Tensor | None:
         """A decode or short extend forward in one call of our C kernel, one row per new token, or None where it
@@ -243,7 +298,7 @@ class LlamaForCausalLM(nn.Module):
         if self._fused_table is not None and self._fused_table[0] == key:
             return self._fused_table[1]
         table = None
-        ok = (self.tp.size == 1 and fb.input_ids.device.type == "cpu" and native.available()
+        ok = (self.tp.size == 1 and fb.input_ids.device.type == "cpu" and self._native_layers() and native.available()
               and self.model.norm.weight.dtype == torch.float32
               and all(b.dtype == torch.float32 and b.is_contiguous() for b in (*cache.k_buffers, *cache.v_buffers)))
         rows = []
@@ -310,7 +365,8 @@ class LlamaForCausalLM(nn.Module):
         tied = self.config.tie_word_embeddings
         state = {n: t for n, t in state.items()
                  if not n.endswith("rotary_emb.inv_freq") and not (n == "lm_head.weight" and tied)}
-        own = dict(self.named_parameters())
+        ours = self.adopt_special(state, device, dtype)  # parameters not made of 2-D HF tensors (a subclass's)
+        own = {n: p for n, p in self.named_parameters() if n not in ours}
         wanted = {hf: name for name in own for hf in hf_names(name)}
         missing = [hf for hf in wanted if hf not in state]
         if missing:
@@ -318,7 +374,6 @@ class LlamaForCausalLM(nn.Module):
         unexpected = [n for n in state if n not in wanted]
         if unexpected:
             raise ValueError(f"checkpoint has an unexpected tensor {unexpected[0]!r}")
-        ours = {}
         for name, param in own.items():
             parts = hf_names(name)
             sizes = self.fused_sizes(name) if len(parts) > 1 else [param.shape[0]]
@@ -330,9 +385,17 @@ class LlamaForCausalLM(nn.Module):
                 ours[name] = state.pop(parts[0]).to(device=device, dtype=dtype)
             else:  # stack, then let the parts go (one layer's worth of extra memory at a time)
                 ours[name] = torch.cat([state.pop(hf).to(device=device, dtype=dtype) for hf in parts])
+        if self.norm_offset:
+            ours = {n: t + self.norm_offset if "norm" in n else t for n, t in ours.items()}
         self.load_state_dict(ours, strict=False, assign=True)
         self.tie_weights()
         self.setup_rope(device)
+
+    def adopt_special(self, state: dict[str, torch.Tensor], device: torch.device,
+                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Our parameters that load_hf_state_dict's fusing of 2-D HF tensors does not make, by our name, built
+        from (and popped out of) `state`. None here; a mixture-of-experts model stacks its experts."""
+        return {}
 
     def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
         """Random weights of the real shape (for benchmarks), made on the device: small normal, norms at 1.
@@ -343,7 +406,7 @@ class LlamaForCausalLM(nn.Module):
         self.to(dtype)
         self.tie_weights()
         with torch.device("meta"):
-            whole = LlamaForCausalLM(self.config, self.max_positions)
+            whole = type(self)(self.config, self.max_positions)
         shapes: dict[str, tuple[int, ...]] = {}
         for name, p in whole.named_parameters():
             parts = hf_names(name)

@@ -98,7 +98,9 @@ class Runtime(Backend):
             from sgnb.chat_template import PLAIN
 
             return PLAIN
-        return derive_from_jinja(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g, **kw),
+        extra = self.engine.chat_template_kwargs  # e.g. enable_thinking: the roles render with it
+        return derive_from_jinja(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g,
+                                                                            **{**extra, **kw}),
                                  self.engine.model_name)
 
     def get_chat_template(self) -> ChatTemplate:

@@ -166,7 +166,8 @@ class OpenAIRoutes(_Routes):
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
         fmt = self._reasoning(req, text)
-        thinking_off = False in ((req.chat_template_kwargs or {}).get(k) for k in ("enable_thinking", "thinking"))
+        template_vars = {**getattr(self.engine, "chat_template_kwargs", {}), **(req.chat_template_kwargs or {})}
+        thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
         if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
             sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
         _n_of({"n": req.n}, self.options.max_n)
@@ -346,8 +347,8 @@ class OpenAIRoutes(_Routes):
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs")
         try:
-            text = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
-                                                             **(template_kwargs or {}), **tools_kw)
+            text = self.engine.apply_chat_template(rendered, add_generation_prompt=True,
+                                                   **{**(template_kwargs or {}), **tools_kw})
         except Exception as e:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from e
         return text, images, videos

@@ -272,8 +272,9 @@ class ChatCompletionRequest(_OpenAISampling):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    # SGLang's: variables for the chat template (e.g. {"enable_thinking": false} for Qwen3), and whether a
-    # reasoning model's thinking is returned apart (message.reasoning_content; with `sgnb serve --reasoning-parser`)
+    # SGLang's (and vLLM's): variables for the chat template over the engine's chat_template_kwargs (e.g.
+    # {"enable_thinking": false} for Qwen3), and whether a reasoning model's thinking is returned apart
+    # (message.reasoning_content; with `sgnb serve --reasoning-parser`)
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True
     # accepted and ignored

@@ -317,12 +317,18 @@ def test_dummy_config_file(tmp_path: Path) -> None:
         load_state_dict(source)
 
 
-@pytest.mark.parametrize("spec", ["gpt2", "meta-llama/Llama-2-7b-hf", "", "/no/such/dir"])
+@pytest.mark.parametrize("spec", ["gpt2", "", "/no/such/dir", "a/b/c"])
 def test_unknown_forms_are_rejected(spec: str) -> None:
     with pytest.raises(ValueError, match="Accepted forms") as info:
         resolve_model(spec)
-    for form in ("smollm2", ".gguf", "HF-format directory", "dummy:NAME", "tiny"):
+    for form in ("smollm2", ".gguf", "HF-format directory", "org/name", "dummy:NAME", "tiny"):
         assert form in str(info.value)
+
+
+def test_an_uncached_hub_id_names_the_download(tmp_path: Path) -> None:
+    """(tests/engine/test_hub.py covers hub ids in depth)"""
+    with pytest.raises(ValueError, match="hf download meta-llama/Llama-2-7b-hf"):
+        resolve_model("meta-llama/Llama-2-7b-hf", hub_cache=tmp_path)
 
 
 def test_bad_dummy_and_gguf_paths(tmp_path: Path) -> None:
@@ -347,13 +353,14 @@ def test_dummy_tokenizer_is_smollm2(smollm2: ModelSource, cache_dir: Path) -> No
 
 
 # ---- ModelConfig <-> HF configs -----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b", "mistral-7b"])
+@pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b", "mistral-7b", "qwen3-8b", "gemma-3-12b"])
 def test_to_hf_dict_is_accepted_by_transformers(name: str) -> None:
     import transformers
 
     cfg = resolve_model(f"dummy:{name}").config
     d = cfg.to_hf_dict()
-    hf_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig}[cfg.architecture]
+    hf_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                "qwen3": transformers.Qwen3Config, "gemma3_text": transformers.Gemma3TextConfig}[cfg.architecture]
     hf = hf_class(**d)
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
@@ -361,6 +368,43 @@ def test_to_hf_dict_is_accepted_by_transformers(name: str) -> None:
         assert getattr(hf, field) == getattr(cfg, field), field
     assert ModelConfig.from_hf_dict(d) == cfg
     assert ModelConfig.from_hf_dict(hf.to_dict()) == cfg  # whatever form this transformers writes back
+    layer_types = getattr(hf, "layer_types", None)
+    if layer_types is not None and cfg.sliding_window is not None:  # the same layers slide
+        assert [cfg.window_of(i) for i in range(cfg.num_hidden_layers)] == [
+            hf.sliding_window if t == "sliding_attention" else None for t in layer_types]
+
+
+def test_new_shapes() -> None:
+    qwen3 = resolve_model("dummy:qwen3-8b").config
+    assert (qwen3.architecture, qwen3.num_hidden_layers, qwen3.intermediate_size, qwen3.vocab_size) == (
+        "qwen3", 36, 12288, 151936)
+    assert qwen3.qk_norm and not qwen3.attention_bias and qwen3.window_of(0) is None
+    gemma = resolve_model("dummy:gemma-3-12b").config
+    assert (gemma.num_hidden_layers, gemma.head_dim, gemma.hidden_act) == (48, 256, "gelu_pytorch_tanh")
+    assert [gemma.window_of(i) for i in range(6)] == [1024] * 5 + [None]
+    assert (gemma.rope_theta, gemma.rope_local_theta, gemma.rope_scaling_dict) == (
+        1e6, 1e4, {"rope_type": "linear", "factor": 8.0})
+    assert gemma.attention_scale == 256**-0.5 and gemma.eos_token_ids == (1, 106) and gemma.tie_word_embeddings
+
+
+def test_gemma3_image_text_config_gives_its_language_model() -> None:
+    """google/gemma-3-*b-it configs (model_type gemma3) list a partial text_config: Gemma3TextConfig's
+    defaults complete it, eos ids come from the top level."""
+    d = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "eos_token_id": [1, 106],
+         "text_config": {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
+                         "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+                         "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+         "vision_config": {"model_type": "siglip_vision_model"}}
+    assert ModelConfig.from_hf_dict(d) == resolve_model("dummy:gemma-3-12b").config
+
+
+def test_mistral_window_applies_to_every_layer() -> None:
+    cfg = resolve_model("dummy:mistral-7b").config
+    assert {cfg.window_of(i) for i in range(cfg.num_hidden_layers)} == {4096}
+    qwen2 = ModelConfig.from_hf_dict({"model_type": "qwen2", "vocab_size": 100, "hidden_size": 64,
+                                      "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                      "sliding_window": 16, "use_sliding_window": True, "max_window_layers": 2})
+    assert [qwen2.window_of(i) for i in range(4)] == [None, None, 16, 16]
 
 
 def test_llama3_rope_scaling_and_hashing() -> None:
@@ -405,7 +449,9 @@ def test_unsupported_configs_are_rejected() -> None:
     tiny = _load_dummy_dict("tiny")
     for change, message in [({"attention_bias": True}, "o_proj"), ({"hidden_act": "gelu"}, "hidden_act"),
                             ({"model_type": "gpt2"}, "model_type"), ({"num_key_value_heads": 3}, "multiple"),
-                            ({"mlp_bias": True}, "mlp_bias")]:
+                            ({"mlp_bias": True}, "mlp_bias"),
+                            ({"model_type": "gemma3_text", "final_logit_softcapping": 30.0}, "softcapping"),
+                            ({"model_type": "qwen3", "attention_bias": True}, "o_proj")]:
         with pytest.raises(ValueError, match=message):
             ModelConfig.from_hf_dict(tiny | change)
 

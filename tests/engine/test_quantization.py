@@ -55,7 +55,7 @@ def test_cpu_default_picks_int4_where_lossless():
     with Engine("dummy:tiny", device="cpu", max_total_tokens=256) as eng:
         assert eng.get_stats()["quantization"] == "auto: bf16 x1, int8 x8"
     with pytest.raises(ValueError, match="quantization must be one of"):
-        Engine("dummy:tiny", device="cpu", quantization="fp8")
+        Engine("dummy:tiny", device="cpu", quantization="fp4")
 
 
 def test_prompt_logprobs_stay_close_to_fp32(engine, quantized):

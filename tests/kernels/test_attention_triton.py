@@ -503,3 +503,63 @@ def test_kernels_capture_in_a_cuda_graph():
         torch.cuda.synchronize()
         o64, _ = decode_oracle(q, k_buf, v_buf, table, rows, [0] * B, new_lens, D**-0.5)
         torch.testing.assert_close(out.double(), o64, **TOL)
+
+
+# ---------------------------------------------------------------------------------------------- sliding window
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [1, 5, 16, 37])
+@pytest.mark.parametrize(("H", "Hkv", "D"), HEADS[:2])
+def test_extend_sliding_window(H, Hkv, D, window):
+    """A window W: query j of a request sees only its last W positions. The grid launch, the block-table
+    launch and the reference all equal the float64 oracle; windows narrower and wider than a key tile, and
+    blocks whose rows start their windows in different tiles."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(11 * H + D + window)
+    seqs, k_buf, v_buf, table, rows, q, qo = extend_case(g, H, Hkv, D)
+    T = q.shape[0]
+    ends = torch.tensor([p + e for p, e in seqs], device=device)
+    max_q = max(e for _, e in seqs)
+    scale = D**-0.5
+    outs, lses, a = [], [], 0
+    for i, (p, e) in enumerate(seqs):
+        L = p + e
+        key_pos = torch.arange(L)  # (L,)
+        q_pos = (L - e + torch.arange(e))[:, None]  # (e, 1)
+        visible = (key_pos[None, :] <= q_pos) & (key_pos[None, :] > q_pos - window)  # (e, L)
+        o, lse = dense_f64(q[a: a + e], k_buf, v_buf, table[rows[i], :L], scale, visible)
+        outs.append(o)
+        lses.append(lse)
+        a += e
+    o64, lse64 = torch.cat(outs), torch.cat(lses)
+    out, lse = poisoned(T, H, D, dt=dtype), poisoned(T, H, dt=torch.float32)
+    ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, out=out, lse=lse,
+                         window=window)
+    assert_written(out)
+    torch.testing.assert_close(out.double(), o64, **TOL)
+    torch.testing.assert_close(lse.double(), lse64, **LSE_TOL)
+    ref = ext.extend_attention_ref(q, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, window=window)
+    torch.testing.assert_close(ref.double(), o64, **TOL)
+    bm = ext.extend_block_m(D, max_q)
+    lens = np.array([e for _, e in seqs])
+    blocks = ext.extend_blocks(lens, bm, capacity=int((-(-lens // bm)).sum()) + 3)
+    got = poisoned(T, H, D, dt=dtype)
+    ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, out=got,
+                         blocks=torch.from_numpy(blocks).to(device), window=window)
+    torch.testing.assert_close(got, out)
+
+
+@needs_triton
+@pytest.mark.parametrize(("H", "Hkv", "D"), HEADS[:2])
+def test_decode_sliding_window_start(H, Hkv, D):
+    """Decode over a window is decode from a per-request start max(0, len - W): what the backends pass."""
+    g = torch.Generator().manual_seed(3 * H + D)
+    lens, k_buf, v_buf, table, rows, q = decode_case(g, H, Hkv, D)
+    ends = torch.tensor(lens, device=device)
+    window = 7
+    starts = (ends - window).clamp(min=0)
+    out = dec.decode_attention(q, k_buf, v_buf, table, rows, starts, ends, D**-0.5, num_splits=2)
+    o64, _ = decode_oracle(q, k_buf, v_buf, table, rows, starts.tolist(), lens, D**-0.5)
+    torch.testing.assert_close(out.double(), o64, **TOL)
