@@ -256,3 +256,17 @@ def test_graph_paths_with_windows(checkpoint):
             _check(model, ids, out)
     finally:
         eng.shutdown()
+
+
+def test_tensor_parallel(checkpoint):
+    """tp_size=2 (gloo worker processes, each holding half the heads, q/k norms replicated) equals transformers."""
+    _, path, model = checkpoint
+    eng = _engine(path, tp_size=2)
+    try:
+        prompts = [_prompt(n, 60 + n) for n in (12, 7)]
+        outs = eng.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 3}, return_logprob=True,
+                            logprob_start_len=0)
+        for ids, out in zip(prompts, outs):
+            _check(model, ids, out)
+    finally:
+        eng.shutdown()

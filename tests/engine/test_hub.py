@@ -50,7 +50,7 @@ def checkpoint(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     and a separate chat_template.jinja."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = Qwen3Config(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -59,7 +59,7 @@ def checkpoint(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
         for name, p in model.named_parameters():
             p.uniform_(0.7, 1.3) if "norm" in name else p.normal_(0.0, 0.25)
     path = tmp_path_factory.mktemp("tiny-qwen3-files")
-    model.save_pretrained(path, max_shard_size="100KB")
+    model.save_pretrained(path, max_shard_size="4MB")
     assert (path / "model.safetensors.index.json").is_file()
     tok_dir = Path(os.environ.get("SGNB_TEST_TOKENIZER") or resolve_model(SMOLLM2_NAME).path)
     shutil.copy(tok_dir / "tokenizer.json", path / "tokenizer.json")
@@ -208,3 +208,26 @@ def test_chat_template_kwargs_equal_transformers(engine, checkpoint):
         assert engine.apply_chat_template(messages, **kwargs) == want
     assert engine.apply_chat_template(messages).endswith("<think>\n\n</think>\n\n")
     assert not engine.apply_chat_template(messages, enable_thinking=True).endswith("</think>\n\n")
+
+
+def test_chat_route_takes_chat_template_kwargs(engine):
+    """The OpenAI chat route's chat_template_kwargs field reaches the template (over the engine's default)."""
+    import requests
+
+    from sgnb.server import start_server_thread
+
+    handle = start_server_thread(engine, "127.0.0.1", 0)
+    try:
+        def prompt_tokens(extra: dict) -> int:
+            body = {"model": REPO, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, **extra}
+            r = requests.post(handle.url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens"]
+
+        off = prompt_tokens({})  # the engine's default: enable_thinking False, an empty think block
+        on = prompt_tokens({"chat_template_kwargs": {"enable_thinking": True}})
+        messages = [{"role": "user", "content": "Hi"}]
+        assert off == len(engine.tokenizer.encode(engine.apply_chat_template(messages)))
+        assert on == len(engine.tokenizer.encode(engine.apply_chat_template(messages, enable_thinking=True))) < off
+    finally:
+        handle.stop()
