@@ -88,9 +88,12 @@ class _ProgramPool:
     def schedule(self, exe: StreamExecutor) -> None:
         with self._cond:
             self._ready.append(exe)
+            # every idle thread, notified or not yet awake, takes one ready executor: when they are fewer than
+            # the ready ones, start a thread (a thread notified earlier still counts as idle until it wakes, so
+            # "some thread is idle" would leave executors queued behind a running one)
             if self._idle > 0:
                 self._cond.notify()
-            elif self._threads - self._blocked < self.size:
+            if self._idle < len(self._ready) and self._threads - self._blocked < self.size:
                 self._spawn()
 
     @property
@@ -126,7 +129,7 @@ class _ProgramPool:
             return
         with self._cond:
             self._blocked += 1
-            if self._ready and self._idle == 0 and self._threads - self._blocked < self.size:
+            if len(self._ready) > self._idle and self._threads - self._blocked < self.size:
                 self._spawn()
         try:
             yield

@@ -76,3 +76,30 @@ def test_waiting_branches_do_not_starve_the_states_they_wait_for(backend, monkey
     text = state.text()
     assert state.error() is None, state.error()
     assert all(f" <{i}" in text and f" {i}.2" in text for i in range(4)) and text.count(">") == 4, text
+
+
+def test_executors_scheduled_while_a_thread_idles_all_run_at_once():
+    """Three executors scheduled back to back while one pool thread idles: each gets a thread (the idle one
+    takes one, new threads the others), so three long gens (fork branches) decode together instead of in turn."""
+    pool = interpreter._ProgramPool(8)
+    started, release = threading.Barrier(4, timeout=10), threading.Event()
+
+    class Node:  # stands for an executor whose queue holds one long node
+        def __init__(self, barrier: threading.Barrier | None) -> None:
+            self.barrier = barrier
+
+        def _drain(self) -> None:
+            if self.barrier is not None:
+                self.barrier.wait()  # raises BrokenBarrierError unless all three run at the same time
+                release.wait(10)
+
+    pool.schedule(Node(None))  # one thread, idle once this ends
+    deadline = time.monotonic() + 5
+    while pool._idle != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool._idle == 1 and pool.threads == 1
+    for _ in range(3):
+        pool.schedule(Node(started))
+    started.wait()  # the three nodes are running at once
+    release.set()
+    assert pool.threads == 3
