@@ -27,8 +27,9 @@ from sgnb.sampling import (
 ENGINE_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 GEN_FIELDS = [f.name for f in dataclasses.fields(GenParams)]
 # SamplingParams fields that a gen does not set (nor does SGLang's gen): detokenization and the seed belong to the
-# request (the server's /generate and /v1 routes take them)
-NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed"}
+# request (the server's /generate and /v1 routes take them); grammar_after (a grammar held until the reasoning
+# ends) is set from the reasoning parser by separate_reasoning and `sgnb serve`, never by a user's gen
+NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed", "grammar_after"}
 # gen()'s arguments that are not sampling values (tools: sgnb.tools)
 GEN_OWN = {"name", "dtype", "choices", "choices_method", "tools", "tool_choice"}
 # run()'s arguments that are not sampling values
@@ -130,7 +131,8 @@ def test_openai_routes_map_every_sampling_field():
     """`sgnb serve`'s /v1 requests take every SamplingParams field (by its OpenAI name; max_tokens per route)."""
     from sgnb.server.protocol import _SAMPLING_NAMES, ChatCompletionRequest, CompletionRequest
 
-    assert set(_SAMPLING_NAMES.values()) | {"max_new_tokens"} == set(ENGINE_FIELDS)
+    # grammar_after comes from the server's --reasoning-parser, not from a request field
+    assert set(_SAMPLING_NAMES.values()) | {"max_new_tokens", "grammar_after"} == set(ENGINE_FIELDS)
     wire = {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["x"], "seed": 3, "frequency_penalty": 0.1,
             "presence_penalty": 0.2, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2,
             "stop_token_ids": [7], "stop_regex": "a+", "ignore_eos": True, "skip_special_tokens": False,
