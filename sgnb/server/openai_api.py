@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (and the chat request's
+preparation /v1/responses shares), /v1/embeddings, and SGLang's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
