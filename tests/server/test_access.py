@@ -164,6 +164,9 @@ def test_a_bare_post_is_answered_and_bodies_still_need_json(open_server):
         run = subprocess.run(["curl", "-s", "-X", "POST", "-w", "%{http_code}", f"http://127.0.0.1:{port}/flush_cache"],
                              capture_output=True, text=True, timeout=60)
         assert run.stdout == "Cache flushed.\n200", run.stdout
+    import requests
+
+    assert requests.post(f"http://127.0.0.1:{port}/flush_cache", timeout=60).status_code == 200  # Content-Length: 0
     out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"Cache flushed.\n"), out
     out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")

@@ -155,6 +155,10 @@ def test_sampling_values_apply(client, engine):
     ({"temperature": -1.0}, "temperature"),
     ({"extra_body": {"bogus": 1}}, "bogus"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "nope"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
+     "text-only model"),  # images go the chat route's way: this model takes none
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input_file"),
+    ({"input": []}, "no message"),
 ])
 def test_bad_requests_are_400(client, kwargs, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
