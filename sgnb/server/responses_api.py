@@ -317,7 +317,10 @@ def _response_object(req: ResponsesRequest, job: _ChatJob, output: list[dict], f
     usage = None
     if final:
         u = _usage([final], 1)
-        usage = {"input_tokens": u["prompt_tokens"], "input_tokens_details": u["prompt_tokens_details"],
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        # the radix cache keeps the whole prompt: what it did not hold yet is written to it
+        details = {"cached_tokens": cached, "cache_write_tokens": u["prompt_tokens"] - cached}
+        usage = {"input_tokens": u["prompt_tokens"], "input_tokens_details": details,
                  "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": u["total_tokens"]}
     status = "in_progress" if not final else "incomplete" if cut else "completed"

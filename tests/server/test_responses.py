@@ -82,10 +82,21 @@ def test_stream_events(client, server, engine):
     assert done.output_text == expect["text"] and done.usage.output_tokens == expect["meta_info"]["completion_tokens"]
     assert len({d.item_id for d in deltas} | {events[2].item.id}) == 1
 
-    # on the wire: SSE with an `event:` line naming each event, as OpenAI sends it
+    # on the wire: SSE with an `event:` line naming each event, as OpenAI sends it; each event and the Response
+    # object validate (strictly, not as the client's lenient parse) as the openai package's types
+    import pydantic
+    from openai.types.responses import Response, ResponseStreamEvent
+
     raw = requests.post(server.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 2, "stream": True},
                         timeout=120).text
     assert raw.startswith("event: response.created\ndata: {")
+    blocks = [b for b in raw.split("\n\n") if b]
+    for block in blocks:
+        kind, data = block.split("\n")
+        event = pydantic.TypeAdapter(ResponseStreamEvent).validate_json(data[len("data: "):])
+        assert kind == f"event: {event.type}"
+    Response.model_validate(requests.post(server.url + "/v1/responses", json={
+        "input": "Hi", "max_output_tokens": 2, "tools": [WEATHER]}, timeout=120).json())
 
 
 def test_structured_output(client):
@@ -163,3 +174,33 @@ def test_sampling_values_apply(client, engine):
 def test_bad_requests_are_400(client, kwargs, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
         client.responses.create(**{"model": "any", "input": "Hi", "max_output_tokens": 4, **kwargs})
+
+
+def test_reasoning_then_answer_events_are_openai_events():
+    """With a reasoning parser (`sgnb serve --reasoning-parser`) the thinking streams as a "reasoning" item before the
+    message: each item opened, its deltas, closed before the next opens; every event parses as the openai
+    client's own type for it."""
+    import pydantic
+    from openai.types.responses import ResponseStreamEvent
+
+    from sgnb.server.responses_api import _EventWriter
+
+    w = _EventWriter("b")
+    raw = w.text("reasoning", "Let me ") + w.text("reasoning", "think.") + w.text("message", "Paris") + w.close()
+    raw += w.function_call({"id": "call_1", "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}})
+    datas = [json.loads(chunk.split(b"\ndata: ", 1)[1]) for chunk in raw]
+    events = [pydantic.TypeAdapter(ResponseStreamEvent).validate_python(d) for d in datas]
+    assert [e.type for e in events] == [
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[4].text == "Let me think." and events[6].item.type == "reasoning"
+    assert events[10].text == "Paris" and events[12].output_index == 1
+    assert [i["type"] for i in w.items] == ["reasoning", "message", "function_call"]
+    assert events[-1].item.call_id == "call_1" and events[-1].output_index == 2
