@@ -168,7 +168,8 @@ class OpenAIRoutes(_Routes):
             self.engine.encode(req.input)
         except ValueError as e:
             raise APIError(400, f"/v1/embeddings: {e}", param="model", code="model_not_supported") from None
-        raise AssertionError("Engine.encode returned: the server has no embedding response for it yet")
+        raise APIError(501, "not supported yet: the engine embedded, but this server has no embeddings response",
+                       "internal_server_error")
 
     async def completions(self, request: Request) -> Response:
         req: CompletionRequest = _validate(CompletionRequest, await _json_body(request))
