@@ -78,7 +78,7 @@ class ResponsesRoutes(OpenAIRoutes):
             try:
                 yield events.emit("response.created", response=_response_object(req, job, [], None))
                 yield events.emit("response.in_progress", response=_response_object(req, job, [], None))
-                async with contextlib.aclosing(_merge([stream])) as chunks:
+                async with contextlib.aclosing(_merge([stream])) as chunks:  # type: ignore[type-var]
                     async for _, chunk in chunks:
                         last = "output_ids" in chunk
                         reasoning, answer = ("", chunk["text"]) if splitter is None else splitter.feed(chunk["text"])
@@ -312,8 +312,9 @@ def _output_items(content: str, final: dict[str, Any], fmt: ReasoningFormat | No
 def _response_object(req: ResponsesRequest, job: _ChatJob, output: list[dict], final: dict | None) -> dict:
     """The Response object: in progress (no final chunk yet), completed, or incomplete when max_output_tokens
     ended the reply."""
-    cut = bool(final) and not final.get("tool_calls") and \
-        (final["meta_info"].get("finish_reason") or {}).get("type") == "length"
+    final = final or {}
+    reason = (final["meta_info"].get("finish_reason") or {}) if final else {}
+    cut = reason.get("type") == "length" and not final.get("tool_calls")
     usage = None
     if final:
         u = _usage([final], 1)
