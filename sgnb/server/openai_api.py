@@ -117,6 +117,9 @@ class OpenAIRoutes(_Routes):
         req: TokenizeRequest = _validate(TokenizeRequest, await _json_body(request))
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+        if req.continue_final_message or req.add_generation_prompt is False:
+            raise APIError(400, "not supported yet: messages rendered otherwise than for a chat completion "
+                                "(continue_final_message, add_generation_prompt=false)", param="messages")
         max_len = self.engine.context_length
         if req.messages is not None:
             if not req.messages:

@@ -344,6 +344,10 @@ class TokenizeRequest(_Schema):
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
+    # SGLang's, which its own request model always sends: only their chat-completion values are
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
+    reasoning_effort: str | None = None
 
 
 class DetokenizeRequest(_Schema):

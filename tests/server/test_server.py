@@ -573,3 +573,22 @@ def test_serve_flags_for_the_model_name():
                                timeout=60).stdout
     assert "--served-model-name NAME" in help_text and "--strict-model-name" in help_text
     assert "model_not_found" in help_text
+
+
+def test_tokenize_speaks_sglangs_protocol(server):
+    """Bodies built with SGLang's own request models (they send every default, continue_final_message too) are
+    answered, and the answers validate as SGLang's response models."""
+    import requests
+
+    proto = pytest.importorskip("sglang.srt.entrypoints.openai.protocol")
+    body = proto.TokenizeRequest(prompt=[PROMPT, "Hi"]).model_dump(exclude_none=True)
+    out = requests.post(server.url + "/v1/tokenize", json=body).json()
+    assert proto.TokenizeResponse.model_validate(out).count == [5, 1]
+    body = proto.TokenizeRequest(messages=[{"role": "user", "content": "Hi"}]).model_dump(exclude_none=True)
+    assert proto.TokenizeResponse.model_validate(requests.post(server.url + "/tokenize", json=body).json()).count > 1
+    body = proto.DetokenizeRequest(tokens=out["tokens"]).model_dump(exclude_none=True)
+    text = proto.DetokenizeResponse.model_validate(requests.post(server.url + "/detokenize", json=body).json()).text
+    assert text == [PROMPT, "Hi"]
+    body = proto.TokenizeRequest(messages=[{"role": "user", "content": "Hi"}], continue_final_message=True)
+    r = requests.post(server.url + "/tokenize", json=body.model_dump(exclude_none=True))
+    assert r.status_code == 400 and "continue_final_message" in r.json()["error"]["message"]
