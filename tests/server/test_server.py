@@ -370,7 +370,8 @@ def test_sgnb_serve_command(sig):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "sgnb.cli", "serve", "--model", "dummy:tiny", "--port", str(port),
-                             "--max-total-tokens", "4096", "--log-level", "warning", "--shutdown-grace", "0.2"],
+                             "--max-total-tokens", "4096", "--log-level", "warning", "--shutdown-grace", "0.2",
+                             "--served-model-name", "tiny-house"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 60
@@ -390,6 +391,10 @@ def test_sgnb_serve_command(sig):
         conn.request("POST", "/generate", json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 2}}),
                      headers={"Content-Type": "application/json"})
         assert json.loads(conn.getresponse().read())["meta_info"]["completion_tokens"] == 2
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/v1/models")
+        assert [m["id"] for m in json.loads(conn.getresponse().read())["data"]] == ["tiny-house"]
         conn.close()
         plain = socket.create_connection(("127.0.0.1", port), timeout=30)  # a non-streaming request in flight
         body = json.dumps({"text": "Hello", "sampling_params": LONG}).encode()
