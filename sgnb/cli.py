@@ -1,6 +1,6 @@
 """The `sgnb` command. Subcommands live in `COMMANDS`: name -> (help, add_arguments, run); add one there.
 
-    sgnb serve --model smollm2 --port 30000 [--max-total-tokens N] [--schedule-policy lpm] [--disable-radix-cache]
+    sgnb serve --model smollm2 --port 30000 [--served-model-name NAME] [--strict-model-name] [--max-total-tokens N]
     sgnb run NB.ipynb [-p KEY=VALUE ...] [--backend URL] [-o out.ipynb|out.html] [--timeout S]
     sgnb run NB.ipynb --function F --input in.jsonl [-o out.jsonl] [--backend URL | --model M ...] [--num-threads N]
     sgnb export EXECUTED.ipynb [-o page.html | -o out.ipynb]
@@ -72,6 +72,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port to listen on (default: 30000)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="the model's name in /v1/models, /get_model_info and every response (default: the "
+                             "model's own, e.g. SmolLM2-135M-Instruct)")
+    parser.add_argument("--strict-model-name", action="store_true",
+                        help="answer a request whose \"model\" is not the served name with OpenAI's 404 "
+                             "model_not_found (default: as SGLang, any name is served by the one model)")
     parser.add_argument("--reasoning-parser", default=None, metavar="NAME",
                         help="the model's reasoning format, by SGLang's parser names (qwen3, deepseek-r1, gpt-oss, "
                              "mistral, ...): chat completions return the thinking as reasoning_content and apply a "
@@ -115,7 +121,14 @@ def server_options(args: argparse.Namespace) -> Any:
     hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     return ServerOptions(api_key=args.api_key or None, admin_api_key=args.admin_api_key or None,
                          allowed_hosts=hosts, incremental_streaming_output=args.incremental_streaming_output,
-                         **{k: v for k, v in given.items() if v is not None})
+                         strict_model_name=args.strict_model_name, **{k: v for k, v in given.items() if v is not None})
+
+
+def serve_engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The Engine's arguments for `sgnb serve`: the EngineConfig options given, and the serving ones the engine
+    keeps (served_model_name, reasoning_parser)."""
+    return {**engine_kwargs(args), "served_model_name": args.served_model_name,
+            "reasoning_parser": args.reasoning_parser}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -127,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"sgnb serve: error: {e}") from None
     try:
-        engine = Engine(**engine_kwargs(args), reasoning_parser=args.reasoning_parser)
+        engine = Engine(**serve_engine_kwargs(args))
     except (TypeError, ValueError) as e:  # an option value the engine rejected
         raise SystemExit(f"sgnb serve: error: {e}") from None
     print(f"sgnb: {engine.model_name} loaded in {engine.load_seconds:.1f} s; serving http://{args.host}:{args.port} "

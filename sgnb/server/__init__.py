@@ -7,8 +7,8 @@
 
 Modules: `protocol` (errors as JSON, bodies in and out, the request schemas, request ids, OpenAI response
 pieces; the tool-call machinery is `sgnb.tools`), `access` (ServerOptions and the guard in front of every route), `streaming` (SSE that stops when the
-client leaves, interleaved engine streams), `media` (images and videos from clients), `native_api` and
-`openai_api` (the route handlers), `app` (the app, `serve`, `ServerThread`).
+client leaves, interleaved engine streams), `media` (images and videos from clients), `native_api`,
+`openai_api` and `responses_api` (the route handlers), `app` (the app, `serve`, `ServerThread`).
 
 Native API (what SGLang's `RuntimeEndpoint` speaks): POST /generate, GET /get_model_info (/model_info),
 GET /get_server_info (/server_info), POST /flush_cache, GET /health, GET /health_generate, POST /abort_request,
@@ -16,11 +16,18 @@ POST /concate_and_append_request (accepted: KV is found by text, nothing moves).
 carry the text and output logprobs so far, as SGLang's server by default, or only the new ones with
 `--incremental-streaming-output` (ServerOptions.incremental_streaming_output; /get_server_info says which).
 Tool calls (`sgnb.tools`, shared with the language's gen(tools=...)) are the OpenAI routes'.
-OpenAI API: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions.
+OpenAI API: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions,
+POST /v1/responses (the Responses API over the chat route's machinery: text or message input, instructions,
+structured output, function tools, streaming with its typed events; stateless), POST /v1/embeddings (a 400: the
+model is generative), and SGLang's POST /tokenize and /detokenize (also under /v1/). response_format (text,
+json_object, json_schema) constrains /v1/completions as it does chat. The `model` field is not checked (SGLang's
+way) unless ServerOptions.strict_model_name (`--strict-model-name`): then another name than the served one
+(`--served-model-name`) is OpenAI's 404 model_not_found.
 
 Access (ServerOptions, `sgnb serve --api-key/--admin-api-key/--allowed-hosts`): with a key, every route but
 /health needs `Authorization: Bearer KEY` (401); without one, only requests for the bound address or a loopback
-name, from no foreign Origin, with JSON bodies are answered (403 / 415), so a web page cannot drive the server.
+name, from no foreign Origin, with JSON bodies (or none: `curl -X POST .../flush_cache`) are answered (403 / 415),
+so a web page cannot drive the server.
 Limits (docs/security.md): the body's size (413), n, samples per request, top_logprobs_num (400), the time to send
 a request (closed); the engine's: grammar size and compile time, image pixels, video frames (400).
 

@@ -27,11 +27,15 @@ class ServerOptions:
     api_key: every route but /health needs `Authorization: Bearer <api_key>`; admin_api_key, when set, is the
     only key the admin routes (flush_cache, abort_request) take. Without an api_key the server answers only
     requests whose Host is the bound address, a loopback name or one of allowed_hosts ("*": any), refuses
-    cross-origin ones (an Origin header that is not such a host) and POSTs that are not application/json: what
-    keeps a web page (DNS rebinding, a cross-site form) from driving it. Limits answer 413 / 400.
+    cross-origin ones (an Origin header that is not such a host) and POSTs with a body that is not
+    application/json: what keeps a web page (DNS rebinding, a cross-site form) from driving it. A POST without
+    a body or a Content-Type (`curl -X POST .../flush_cache`) is answered. Limits answer 413 / 400.
 
     incremental_streaming_output (SGLang's `--incremental-streaming-output`): /generate stream chunks carry the
     new text, output ids and output logprobs only (by default the text and logprobs so far, as SGLang's default).
+
+    strict_model_name (`--strict-model-name`): a request to the OpenAI routes whose `model` is not the served
+    name is a 404 with code model_not_found, as OpenAI answers; by default any name is served, as SGLang does.
     """
 
     api_key: str | None = None
@@ -43,6 +47,7 @@ class ServerOptions:
     max_samples: int = 512  # samples per request: prompts x n (a 60 KB batch could ask for 192,000)
     max_top_logprobs_num: int = 64  # native route (the OpenAI routes allow 20, as OpenAI does)
     incremental_streaming_output: bool = False
+    strict_model_name: bool = False  # an OpenAI request naming another model is a 404 model_not_found
     shutdown_grace: float = 5.0  # seconds requests in flight may run on once shutdown starts; then aborted
     request_read_timeout: float = 30.0  # seconds a connection has to send a whole request (head and body)
 
@@ -136,7 +141,10 @@ class _Guard:
                 "permission_error"
         if scope.get("method") in ("POST", "PUT"):
             ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if ctype != "application/json":
+            # A POST with no body and no Content-Type (`curl -X POST .../flush_cache`) is not a form a page could
+            # send: a page's bodiless POST carries its Origin, refused above; a form always has a Content-Type.
+            bodiless = not ctype and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+            if ctype != "application/json" and not bodiless:
                 return 415, (f"POST bodies must be JSON with Content-Type: application/json (got "
                              f"{ctype or 'none'!r})"), "invalid_request_error"
         return None

@@ -19,15 +19,15 @@ from starlette.routing import Route
 
 from sgnb.server.access import ServerOptions, _Guard, read_timeout_protocol
 from sgnb.server.native_api import NativeRoutes
-from sgnb.server.openai_api import OpenAIRoutes
 from sgnb.server.protocol import _ERROR_TYPES, APIError, _engine_error
+from sgnb.server.responses_api import ResponsesRoutes
 from sgnb.server.streaming import EventStream, _ClientGone
 
 if TYPE_CHECKING:
     from sgnb.engine import Engine
 
 
-class _Server(NativeRoutes, OpenAIRoutes):
+class _Server(NativeRoutes, ResponsesRoutes):
     """Every route handler over one engine."""
 
 
@@ -72,6 +72,12 @@ def create_app(engine: Engine, options: ServerOptions | None = None) -> Any:
         Route("/v1/models/{model:path}", _handler(s.retrieve_model), methods=["GET"]),
         Route("/v1/completions", _handler(s.completions), methods=["POST"]),
         Route("/v1/chat/completions", _handler(s.chat_completions), methods=["POST"]),
+        Route("/v1/responses", _handler(s.responses), methods=["POST"]),
+        Route("/v1/embeddings", _handler(s.embeddings), methods=["POST"]),
+        Route("/tokenize", _handler(s.tokenize), methods=["POST"]),
+        Route("/v1/tokenize", _handler(s.tokenize), methods=["POST"]),
+        Route("/detokenize", _handler(s.detokenize), methods=["POST"]),
+        Route("/v1/detokenize", _handler(s.detokenize), methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine

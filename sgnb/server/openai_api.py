@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions."""
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions (and the chat request's
+preparation /v1/responses shares), /v1/embeddings, and SGLang's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -22,7 +24,10 @@ from sgnb.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
     StreamOptions,
+    TokenizeRequest,
     _batch_kw,
     _chat_logprobs,
     _check_samples,
@@ -55,6 +60,35 @@ from sgnb.tools import (
 )
 
 
+@dataclass(frozen=True)
+class _ChatJob:
+    """A chat request made ready for the engine (`OpenAIRoutes._chat_job`): the prompt as text and ids, the
+    sampling values, the media, the reasoning format (None: the reply is not split), the base request id, the
+    logprob options, and the response's id, created and model."""
+
+    req: ChatCompletionRequest
+    plan: ToolPlan | None
+    text: str
+    input_ids: list[int]
+    sp: dict[str, Any]
+    mm: dict[str, Any]
+    fmt: ReasoningFormat | None
+    base: str
+    lp_kw: dict[str, Any]
+    meta: dict[str, Any]
+
+    @property
+    def samples(self) -> list[tuple[dict[str, Any], str]]:
+        """(sampling values, engine request id) of each of the n choices."""
+        return list(zip(split_samples(self.sp, self.req.n), sample_rids(self.base, self.req.n)))
+
+    @property
+    def ids(self) -> dict[str, list[str]]:
+        """The request id -> its engine request ids (a tool call's second request included), for /abort_request."""
+        rids = sample_rids(self.base, self.req.n)
+        return {self.base: [r for rid in rids for r in ((rid, f"{rid}-call") if self.plan else (rid,))]}
+
+
 class OpenAIRoutes(_Routes):
     """The OpenAI-compatible routes."""
 
@@ -77,8 +111,72 @@ class OpenAIRoutes(_Routes):
                 "root": e.config.model_path, "max_model_len": e.context_length, "input_modalities": modalities,
                 "has_image_understanding": e.image_token is not None}
 
+    async def tokenize(self, request: Request) -> Response:
+        """SGLang's /tokenize: {"tokens", "count", "max_model_len"}; a list of prompts gives lists. Messages are
+        rendered and tokenized as /v1/chat/completions does (their count is its prompt_tokens)."""
+        req: TokenizeRequest = _validate(TokenizeRequest, await _json_body(request))
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+        if req.continue_final_message or req.add_generation_prompt is False:
+            raise APIError(400, "not supported yet: messages rendered otherwise than for a chat completion "
+                                "(continue_final_message, add_generation_prompt=false)", param="messages")
+        max_len = self.engine.context_length
+        if req.messages is not None:
+            if not req.messages:
+                raise APIError(400, "messages is an empty list", param="messages")
+            plan = _tool_plan(req.tools, req.tool_choice)
+            _, _, _, ids = await asyncio.to_thread(self._chat_prompt, req.messages, _Media(self.engine), plan,
+                                                   max_len + 1, req.chat_template_kwargs or {})
+            return _json_response({"tokens": ids, "count": len(ids), "max_model_len": max_len})
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
+        tokens = await asyncio.to_thread(lambda: [self._encode(p, req.add_special_tokens) for p in prompts])
+        if isinstance(req.prompt, str):
+            return _json_response({"tokens": tokens[0], "count": len(tokens[0]), "max_model_len": max_len})
+        return _json_response({"tokens": tokens, "count": [len(t) for t in tokens], "max_model_len": max_len})
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The ids a prompt gets (with the BOS the tokenizer adds, if it adds one); without special tokens, no BOS
+        is added (one written in the text stays)."""
+        tok = self.engine.tokenizer
+        ids = tok.encode(text)
+        bos = tok.bos_token_id
+        if not add_special_tokens and tok.add_bos_token and bos is not None and ids[:1] == [bos] \
+                and not text.startswith(tok.decode([bos], skip_special_tokens=False)):
+            ids = ids[1:]
+        return ids
+
+    async def detokenize(self, request: Request) -> Response:
+        """SGLang's /detokenize: {"text"} for a list of ids, a list of texts for a list of lists."""
+        req: DetokenizeRequest = _validate(DetokenizeRequest, await _json_body(request))
+        tok = self.engine.tokenizer
+        batched = bool(req.tokens) and isinstance(req.tokens[0], list)
+        rows: list[list[int]] = req.tokens if batched else [req.tokens]  # type: ignore[assignment,list-item]
+        vocab = tok.vocab_size
+        for i, row in enumerate(rows):
+            bad = [t for t in row if not 0 <= t < vocab]
+            if bad:
+                where = f"tokens[{i}]" if batched else "tokens"
+                raise APIError(400, f"{where} holds ids outside the tokenizer's vocabulary [0, {vocab}): {bad[:5]}",
+                               param="tokens")
+        texts = await asyncio.to_thread(lambda: [tok.decode(r, skip_special_tokens=req.skip_special_tokens)
+                                                 for r in rows])
+        return _json_response({"text": texts if batched else texts[0]})
+
+    async def embeddings(self, request: Request) -> Response:
+        """/v1/embeddings: the engine's `encode`, which refuses for a generative model (every model sgnb runs):
+        a 400 saying so."""
+        req: EmbeddingRequest = _validate(EmbeddingRequest, await _json_body(request))
+        self._check_model(req.model)
+        try:
+            self.engine.encode(req.input)
+        except ValueError as e:
+            raise APIError(400, f"/v1/embeddings: {e}", param="model", code="model_not_supported") from None
+        raise APIError(501, "not supported yet: the engine embedded, but this server has no embeddings response",
+                       "internal_server_error")
+
     async def completions(self, request: Request) -> Response:
         req: CompletionRequest = _validate(CompletionRequest, await _json_body(request))
+        self._check_model(req.model)
         if req.suffix:
             raise APIError(400, "not supported yet: suffix", param="suffix")
         if req.best_of not in (None, req.n):
@@ -142,62 +240,33 @@ class OpenAIRoutes(_Routes):
 
     async def chat_completions(self, request: Request) -> Response:
         req: ChatCompletionRequest = _validate(ChatCompletionRequest, await _json_body(request))
+        self._check_model(req.model)
         if req.functions is not None or req.function_call is not None:
             raise APIError(400, "not supported yet: functions / function_call (OpenAI's deprecated form): use "
                                 "tools and tool_choice", param="functions")
         plan = _tool_plan(req.tools, req.tool_choice)
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        sp_extra = _response_format(req.response_format or {})
-        if plan is not None and (sp_extra or req.regex or req.ebnf or req.json_schema):
-            raise APIError(400, "not supported yet: response_format, regex, ebnf or json_schema together with "
-                                'tools (unless tool_choice is "none")', param="tool_choice")
-
-        media = _Media(self.engine)
-        return await self._chat(request, req, sp_extra, media, plan)
-
-    async def _chat(self, request: Request, req: ChatCompletionRequest, sp_extra: dict[str, Any],
-                    media: _Media, plan: ToolPlan | None) -> Response:
-        limit = min(self.engine.context_length, self.kv_total)
-        # rendering, media decoding and tokenizing take seconds for a multi-megabyte message: off the event loop
-        text, images, videos, input_ids = await asyncio.to_thread(self._chat_prompt, req.messages, media, plan, limit,
-                                                                  req.chat_template_kwargs or {})
-        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
-        max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        sp = {**req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1)), **sp_extra}
-        fmt = self._reasoning(req, text)
-        template_vars = {**getattr(self.engine, "chat_template_kwargs", {}), **(req.chat_template_kwargs or {})}
-        thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
-        if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
-            sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
-        _n_of({"n": req.n}, self.options.max_n)
-        base = req.rid or _new_rid()
-        ids = {base: sample_rids(base, req.n)}
-        lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-                 "return_text_in_logprobs": True}
-        meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
+        self._check_constraint(req, plan)
+        job = await self._chat_job(req, _Media(self.engine), plan, "chatcmpl-")
         if plan is not None:
-            return await self._chat_tools(request, req, plan, text, input_ids, sp, base, lp_kw, mm, meta)
-
+            return await self._chat_tools(request, job)
         if not req.stream:
-            with self.inflight.track(ids):
-                outs = await self._generate(request, input_ids=input_ids, sampling_params=sp, rid=base, **lp_kw,
-                                            **mm)
+            with self.inflight.track(job.ids):
+                outs = await self._generate(request, input_ids=job.input_ids, sampling_params=job.sp, rid=job.base,
+                                            **job.lp_kw, **job.mm)
             outs = outs if isinstance(outs, list) else [outs]
             _raise_failed(outs)
-            choices = [{"index": k, "message": _reply_message(out["text"], fmt),
+            choices = [{"index": k, "message": _reply_message(out["text"], job.fmt),
                         "logprobs": _chat_logprobs(out) if req.logprobs else None, **_finish(out)}
                        for k, out in enumerate(outs)]
-            return _json_response({**meta, "object": "chat.completion", "choices": choices,
+            return _json_response({**job.meta, "object": "chat.completion", "choices": choices,
                                    "usage": _usage(outs, req.n)})
 
-        calls = [{"input_ids": input_ids, "sampling_params": s, "rid": r, **lp_kw, **mm}
-                 for s, r in zip(split_samples(sp, req.n), ids[base])]
-        streams = await self._start_streams(request, calls)
+        streams = await self._choice_streams(request, job)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for k in range(len(calls))]
-
-        splitters = [ReasoningStream(fmt) if fmt is not None else None for _ in calls]
+                for k in range(len(streams))]
+        splitters = [ReasoningStream(job.fmt) if job.fmt is not None else None for _ in streams]
 
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
             delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
@@ -214,7 +283,109 @@ class OpenAIRoutes(_Routes):
                     **(_finish(chunk) if last else {"finish_reason": None})}
 
         return EventStream(self._openai_events(  # type: ignore[return-value]
-            streams, ids, {**meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options, req.n))
+            streams, job.ids, {**job.meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options,
+            req.n))
+
+    def _check_model(self, model: str | None) -> None:
+        """With ServerOptions.strict_model_name, a request naming another model than the served one is OpenAI's
+        404 model_not_found; by default (SGLang's way) any name is served by the one model."""
+        if self.options.strict_model_name and model is not None and model != self.engine.model_name:
+            raise APIError(404, f"The model {model!r} does not exist: this server serves {self.engine.model_name!r}",
+                           "invalid_request_error", param="model", code="model_not_found")
+
+    @staticmethod
+    def _check_constraint(req: ChatCompletionRequest, plan: ToolPlan | None) -> None:
+        """A response_format is valid, and no constraint comes with tools that may be called."""
+        constraint = _response_format(req.response_format or {})
+        if plan is not None and (constraint or req.regex or req.ebnf or req.json_schema):
+            raise APIError(400, "not supported yet: response_format, regex, ebnf or json_schema together with "
+                                'tools (unless tool_choice is "none")', param="tool_choice")
+
+    async def _chat_job(self, req: ChatCompletionRequest, media: _Media, plan: ToolPlan | None,
+                        id_prefix: str) -> _ChatJob:
+        """A chat request made ready for the engine (what /v1/chat/completions and /v1/responses share): the
+        rendered prompt and its ids, the sampling values (a response_format as its constraint, applied after the
+        reasoning when the model reasons), the media, the reasoning format, the request ids."""
+        limit = min(self.engine.context_length, self.kv_total)
+        # rendering, media decoding and tokenizing take seconds for a multi-megabyte message: off the event loop
+        text, images, videos, input_ids = await asyncio.to_thread(self._chat_prompt, req.messages, media, plan, limit,
+                                                                  req.chat_template_kwargs or {})
+        mm = {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
+        max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sp = req.sampling_params(max_new if max_new is not None else max(limit - len(input_ids), 1))
+        fmt = self._reasoning(req, text)
+        template_vars = {**getattr(self.engine, "chat_template_kwargs", {}), **(req.chat_template_kwargs or {})}
+        thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
+        if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
+            sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
+        _n_of({"n": req.n}, self.options.max_n)
+        base = req.rid or _new_rid()
+        lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
+                 "return_text_in_logprobs": True}
+        meta = {"id": f"{id_prefix}{base}", "created": int(time.time()), "model": self.engine.model_name}
+        return _ChatJob(req, plan, text, input_ids, sp, mm, fmt, base, lp_kw, meta)
+
+    async def _choice_streams(self, request: Request, job: _ChatJob) -> list[AsyncIterator[dict]]:
+        """One stream of engine-like chunks per choice (the last chunk has "output_ids"). With tools, that last
+        chunk's "tool_calls" holds the parsed call or None (`_tool_sample`). Nothing runs until iterated."""
+        if job.plan is None:
+            return await self._start_streams(request, [
+                {"input_ids": job.input_ids, "sampling_params": s, "rid": r, **job.lp_kw, **job.mm}
+                for s, r in job.samples])
+        plan = job.plan
+        if plan.mode == "required":
+            calls = [{"prompt": job.text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
+                      **job.lp_kw, **job.mm} for s, r in job.samples]
+        else:
+            calls = [{"input_ids": job.input_ids, "sampling_params": plan.text_params(s), "rid": r, **job.lp_kw,
+                      **job.mm} for s, r in job.samples]
+        firsts = await self._start_streams(request, calls)
+        return [self._tool_sample(plan, job.text, first, s, r, job.lp_kw, job.mm)
+                for first, (s, r) in zip(firsts, job.samples)]
+
+    async def _collect_choices(self, request: Request, job: _ChatJob) -> list[tuple[str, dict]]:
+        """Every choice's whole text and last chunk, for a non-streaming answer (the client leaving aborts)."""
+        streams = await self._choice_streams(request, job)
+        with self.inflight.track(job.ids):
+            try:
+                results = await _unless_disconnected(request, asyncio.gather(*(_collect(st) for st in streams)))
+            except (_ClientGone, APIError):
+                raise
+            except Exception as e:
+                raise _engine_error(e) from e
+        _raise_failed([final for _, final in results])
+        return results
+
+    # -- tool calls
+    async def _chat_tools(self, request: Request, job: _ChatJob) -> Response:
+        """A chat completion that may call tools. "required" (or a named function): the reply opens with
+        <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas. "auto": text
+        that stops where a call opens (<tool_call>, or a bare {"name": ...} first thing), then continues as a
+        constrained call. One call per choice; a stream sends text as it comes and the call whole once decoded."""
+        req = job.req
+        if not req.stream:
+            results = await self._collect_choices(request, job)
+            finals = [final for _, final in results]
+            choices = [{"index": k, "message": _tool_message(content, final),
+                        "logprobs": _chat_logprobs(final) if req.logprobs else None, **_tool_finish(final)}
+                       for k, (content, final) in enumerate(results)]
+            return _json_response({**job.meta, "object": "chat.completion", "choices": choices,
+                                   "usage": _usage(finals, req.n)})
+
+        streams = await self._choice_streams(request, job)
+        head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for k in range(len(streams))]
+
+        def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
+            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
+            if last and chunk.get("tool_calls"):
+                delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
+            return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
+                    **(_tool_finish(chunk) if last else {"finish_reason": None})}
+
+        return EventStream(self._openai_events(  # type: ignore[return-value]
+            streams, job.ids, {**job.meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options,
+            req.n))
 
     async def _openai_events(self, streams: list[AsyncIterator[dict]], ids: dict[str, list[str]],
                              meta: dict[str, Any], head: list[dict], choice: Callable[[int, dict, bool], dict],
@@ -359,54 +530,6 @@ class OpenAIRoutes(_Routes):
         probes over this tokenizer's template."""
         tok = self.engine.tokenizer
         return tool_support(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g, **kw))
-
-    # -- tool calls
-    async def _chat_tools(self, request: Request, req: ChatCompletionRequest, plan: ToolPlan, text: str,
-                          input_ids: list[int], sp: dict[str, Any], base: str, lp_kw: dict[str, Any],
-                          mm: dict[str, Any], meta: dict[str, Any]) -> Response:
-        """A chat completion that may call tools. "required" (or a named function): the reply opens with
-        <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas. "auto": text
-        that stops where a call opens (<tool_call>, or a bare {"name": ...} first thing), then continues as a
-        constrained call. One call per choice; a stream sends text as it comes and the call whole once decoded."""
-        samples = list(zip(split_samples(sp, req.n), sample_rids(base, req.n)))
-        ids = {base: [r for _, rid in samples for r in (rid, f"{rid}-call")]}
-        if plan.mode == "required":
-            calls = [{"prompt": text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
-                      **lp_kw, **mm} for s, r in samples]
-        else:
-            calls = [{"input_ids": input_ids, "sampling_params": plan.text_params(s), "rid": r, **lp_kw, **mm}
-                     for s, r in samples]
-        firsts = await self._start_streams(request, calls)
-        streams = [self._tool_sample(plan, text, first, s, r, lp_kw, mm) for first, (s, r) in zip(firsts, samples)]
-
-        if not req.stream:
-            with self.inflight.track(ids):
-                try:
-                    results = await _unless_disconnected(request, asyncio.gather(*(_collect(st) for st in streams)))
-                except (_ClientGone, APIError):
-                    raise
-                except Exception as e:
-                    raise _engine_error(e) from e
-            finals = [final for _, final in results]
-            _raise_failed(finals)
-            choices = [{"index": k, "message": _tool_message(content, final),
-                        "logprobs": _chat_logprobs(final) if req.logprobs else None, **_tool_finish(final)}
-                       for k, (content, final) in enumerate(results)]
-            return _json_response({**meta, "object": "chat.completion", "choices": choices,
-                                   "usage": _usage(finals, req.n)})
-
-        head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for k in range(len(streams))]
-
-        def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
-            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
-            if last and chunk.get("tool_calls"):
-                delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
-            return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
-                    **(_tool_finish(chunk) if last else {"finish_reason": None})}
-
-        return EventStream(self._openai_events(  # type: ignore[return-value]
-            streams, ids, {**meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options, req.n))
 
     async def _tool_sample(self, plan: ToolPlan, text: str, first: AsyncIterator[dict], sp: dict[str, Any],
                            rid: str, lp_kw: dict[str, Any], mm: dict[str, Any]) -> AsyncIterator[dict]:

@@ -41,13 +41,14 @@ class APIError(Exception):
     """An error answered to the client as JSON; raised anywhere below a route handler."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
+        self.code: int | str = code or status  # OpenAI's string codes where it has one (model_not_found)
 
     def response(self) -> Response:
         return _json_response({"error": {"message": self.message, "type": self.type, "param": self.param,
-                                          "code": self.status}}, self.status)
+                                          "code": self.code}}, self.status)
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -235,13 +236,20 @@ class _OpenAISampling(_Schema):
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
     rid: str | None = None
+    # OpenAI's: text, json_object or json_schema, applied as constrained decoding (as SGLang's `json_schema`)
+    response_format: dict[str, Any] | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """The engine's sampling_params of the fields that are set (each under its SamplingParams name)."""
+        """The engine's sampling_params of the fields that are set (each under its SamplingParams name), a
+        response_format as the constraint it asks for."""
         if self.logit_bias:
             raise APIError(400, "not supported yet: logit_bias", param="logit_bias")
         values = {name: getattr(self, field) for field, name in _SAMPLING_NAMES.items()}
-        return {"max_new_tokens": max_new_tokens, **{k: v for k, v in values.items() if v is not None}}
+        constraint = _response_format(self.response_format or {})
+        if constraint and any(v is not None for v in (self.regex, self.json_schema, self.ebnf)):
+            raise APIError(400, "give response_format or one of regex, json_schema, ebnf, not both",
+                           param="response_format")
+        return {"max_new_tokens": max_new_tokens, **{k: v for k, v in values.items() if v is not None}, **constraint}
 
 
 # the fields above that are sampling values -> their SamplingParams names (each route gives max_new_tokens from
@@ -266,7 +274,6 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -283,6 +290,82 @@ class ChatCompletionRequest(_OpenAISampling):
     service_tier: str | None = None
     reasoning_effort: str | None = None
     modalities: list[str] | None = None
+
+
+class ResponsesRequest(_Schema):
+    """OpenAI's /v1/responses body (sgnb/server/responses_api.py turns it into a chat completion request)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    # refused (this server stores nothing): previous_response_id, conversation, background
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
+    # SGLang's (and vLLM's) extras, as on the chat route
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: str | list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # accepted and ignored
+    reasoning: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    truncation: str | None = None
+    include: list[str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    max_tool_calls: int | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Schema):
+    """SGLang's /tokenize (/v1/tokenize): a prompt (or a list of them), or chat messages rendered as a chat
+    completion renders them (what its prompt_tokens count)."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = True
+    # SGLang's, which its own request model always sends: only their chat-completion values are
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
+    reasoning_effort: str | None = None
+
+
+class DetokenizeRequest(_Schema):
+    """SGLang's /detokenize (/v1/detokenize): token ids (or a list of lists) -> text."""
+
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+class EmbeddingRequest(_Schema):
+    """OpenAI's /v1/embeddings body (read so that a bad one is named before the model's refusal)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str | None = None
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class AbortRequest(_Schema):
@@ -352,6 +435,9 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
     spec = fmt.get("json_schema")
     if kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict):
         return {"json_schema": json.dumps(spec.get("schema", {}))}
+    if kind in ("structural_tag", "regex"):
+        raise APIError(400, f"not supported yet: response_format of type {kind!r} (for a regex send SGLang's "
+                            '"regex" field)', param="response_format")
     raise APIError(400, "response_format must be {type: text}, {type: json_object} or "
                         "{type: json_schema, json_schema: {schema: {...}}}", param="response_format")
 

@@ -160,3 +160,14 @@ def test_dspy_litellm_against_sgnb_serve(server, engine):
     with dspy.context(lm=remote, adapter=dspy.JSONAdapter()):
         assert isinstance(dspy.Predict(Sum)(a=7, b=1).total, int)
     assert remote.history[-1]["kwargs"].get("response_format") is not None
+
+
+def test_dspy_openai_provider_sends_no_schema_for_an_unknown_model(server, engine):
+    """Why the README points DSPy at `lm_studio/`: with `openai/<model>` DSPy decides from its bundled model catalog,
+    never from the server (nothing /v1/models could advertise changes it), that an unknown model takes no
+    response_format, so JSONAdapter sends none and the reply is unconstrained. If this starts failing, DSPy has
+    learnt otherwise: the plain `openai/` spelling then works too and the README can say so."""
+    plain = dspy.LM(f"openai/{engine.model_name}", api_base=server.url + "/v1", api_key="local")
+    assert not plain.supports_response_schema and "response_format" not in plain.supported_params
+    remote = dspy.LM(f"lm_studio/{engine.model_name}", api_base=server.url + "/v1", api_key="local")
+    assert remote.supports_response_schema and "response_format" in remote.supported_params

@@ -140,3 +140,53 @@ def test_deeply_nested_json_is_400(open_server):
     raw = b'{"text": "hi", "sampling_params": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     status, out, _ = _call(open_server.port, "POST", "/generate", raw=raw)
     assert status == 400 and "nested too deeply" in out["error"]["message"]
+
+
+def _raw(port: int, head: bytes) -> bytes:
+    """One request as raw bytes on its own connection: the status line and the rest of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_bare_post_is_answered_and_bodies_still_need_json(open_server):
+    """`curl -X POST .../flush_cache` (no body, no Content-Type, no Origin) flushes (it was a 415), as SGLang's
+    server answers it. What keeps a page from driving the server stays: a page's bodiless POST carries its
+    Origin (403), and a body without Content-Type: application/json is a 415, chunked or not."""
+    import shutil
+    import subprocess
+
+    port = open_server.port
+    if shutil.which("curl"):
+        run = subprocess.run(["curl", "-s", "-X", "POST", "-w", "%{http_code}", f"http://127.0.0.1:{port}/flush_cache"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.stdout == "Cache flushed.\n200", run.stdout
+    import requests
+
+    assert requests.post(f"http://127.0.0.1:{port}/flush_cache", timeout=60).status_code == 200  # Content-Length: 0
+    out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"Cache flushed.\n"), out
+    out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    # a route that needs a body says so
+    out = _raw(port, b"POST /abort_request HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400") and b"the request body is empty" in out, out
+
+    out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example\r\n"
+                     b"Connection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 403") and b"cross-origin" in out, out
+    out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nOrigin: null\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 403"), out  # a sandboxed page's POST
+    body = b'{"abort_all": true}'
+    out = _raw(port, b"POST /abort_request HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 415") and b"application/json" in out, out
+    out = _raw(port, b"POST /abort_request HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                     b"Connection: close\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 415"), out
+    out = _raw(port, b"POST /flush_cache HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 415"), out  # a form's POST has a Content-Type, even with nothing in it

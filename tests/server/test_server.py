@@ -370,7 +370,8 @@ def test_sgnb_serve_command(sig):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "sgnb.cli", "serve", "--model", "dummy:tiny", "--port", str(port),
-                             "--max-total-tokens", "4096", "--log-level", "warning", "--shutdown-grace", "0.2"],
+                             "--max-total-tokens", "4096", "--log-level", "warning", "--shutdown-grace", "0.2",
+                             "--served-model-name", "tiny-house"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 60
@@ -390,6 +391,10 @@ def test_sgnb_serve_command(sig):
         conn.request("POST", "/generate", json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 2}}),
                      headers={"Content-Type": "application/json"})
         assert json.loads(conn.getresponse().read())["meta_info"]["completion_tokens"] == 2
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/v1/models")
+        assert [m["id"] for m in json.loads(conn.getresponse().read())["data"]] == ["tiny-house"]
         conn.close()
         plain = socket.create_connection(("127.0.0.1", port), timeout=30)  # a non-streaming request in flight
         body = json.dumps({"text": "Hello", "sampling_params": LONG}).encode()
@@ -442,3 +447,153 @@ def test_structured_output_over_http(server, client):
         model="any", messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}], max_tokens=30,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
     assert isinstance(json.loads(resp.choices[0].message.content)["ok"], bool)
+
+
+# ---- issue 35: drop-in, all the way --------------------------------------------------------------------------
+CITY = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"], "additionalProperties": False}
+
+
+def test_completions_response_format(client):
+    """/v1/completions applies response_format as constrained decoding, as the chat route does (SGLang's
+    CompletionRequest has it): json_schema validates, json_object parses; with a regex too it is a 400."""
+    import openai
+
+    jsonschema = pytest.importorskip("jsonschema")
+    r = client.completions.create(model="any", prompt="A large city and its population, as JSON:", max_tokens=60,
+                                  temperature=0, extra_body={"response_format": {
+                                      "type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].text), CITY)
+    r = client.completions.create(model="any", prompt="Paris, as JSON:", max_tokens=40, temperature=0,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert r.choices[0].text.lstrip().startswith("{")
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].text), dict)
+    # streamed, too
+    chunks = list(client.completions.create(model="any", prompt="A large city and its population, as JSON:",
+                                            max_tokens=60, temperature=0, stream=True, extra_body={"response_format": {
+                                                "type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}}))
+    jsonschema.validate(json.loads("".join(c.choices[0].text for c in chunks if c.choices)), CITY)
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        client.completions.create(model="any", prompt="Hi", max_tokens=4,
+                                  extra_body={"response_format": {"type": "json_object"}, "regex": "[a-z]+"})
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.completions.create(model="any", prompt="Hi", max_tokens=4, extra_body={"response_format": {
+            "type": "structural_tag"}})
+
+
+def test_tokenize_and_detokenize(server, client, engine):
+    """SGLang's /tokenize (prompt -> tokens, count, max_model_len; messages as a chat completion counts them)
+    and /detokenize (tokens -> text), under /v1/ too; bad input is a 400 naming the field."""
+    import requests
+
+    url = server.url
+    out = requests.post(url + "/tokenize", json={"prompt": PROMPT}).json()
+    ids = engine.tokenizer.encode(PROMPT)
+    assert out == {"tokens": ids, "count": len(ids), "max_model_len": engine.context_length}
+    out = requests.post(url + "/v1/tokenize", json={"prompt": [PROMPT, "Hi"], "model": "any"}).json()
+    assert out["tokens"] == [ids, engine.tokenizer.encode("Hi")] and out["count"] == [len(ids), 1]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = requests.post(url + "/tokenize", json={"messages": messages}).json()
+    chat = client.chat.completions.create(model="any", messages=messages, max_tokens=1)
+    assert out["count"] == chat.usage.prompt_tokens == len(out["tokens"])
+    assert out["tokens"] == engine.tokenizer.encode(engine.apply_chat_template(messages))
+
+    assert requests.post(url + "/detokenize", json={"tokens": ids}).json() == {"text": PROMPT}
+    assert requests.post(url + "/v1/detokenize", json={"tokens": [ids, []]}).json() == {"text": [PROMPT, ""]}
+    eos = engine.tokenizer.eos_token_ids[0]
+    special = requests.post(url + "/detokenize", json={"tokens": [*ids, eos], "skip_special_tokens": False}).json()
+    assert special["text"] == PROMPT + engine.tokenizer.token_text(eos)
+    assert requests.post(url + "/detokenize", json={"tokens": [*ids, eos]}).json()["text"] == PROMPT
+
+    for path, body, needle in [
+        ("/tokenize", {}, "exactly one of prompt or messages"),
+        ("/tokenize", {"prompt": "a", "messages": messages}, "exactly one of prompt or messages"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "a", "bogus": 1}, "unknown field 'bogus'"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+        ("/detokenize", {}, "missing required field 'tokens'"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {"tokens": [1, -1]}, "outside the tokenizer's vocabulary"),
+        ("/detokenize", {"tokens": [[1], [10**9]]}, "tokens[1] holds ids outside"),
+    ]:
+        r = requests.post(url + path, json=body)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (path, body, r.text)
+
+
+def test_embeddings_say_the_model_cannot_embed(server, client, engine):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="generative model") as info:
+        client.embeddings.create(model="any", input="Hello")
+    assert info.value.body["code"] == "model_not_supported" and engine.model_name in info.value.body["message"]
+    status, out = _post(server, "/v1/embeddings", {"inputs": "typo"})
+    assert status == 400 and "unknown field 'inputs'" in out["error"]["message"]
+
+
+def test_served_model_name_and_strict_model_name(engine, server, monkeypatch):
+    """--served-model-name is the model's name in /v1/models and every response; with --strict-model-name another
+    name is OpenAI's 404 model_not_found on each OpenAI route (by default any name is served, as SGLang does)."""
+    import openai
+
+    from sgnb.server import ServerOptions
+
+    monkeypatch.setattr(engine, "served_model_name", "house-model")  # what Engine(served_model_name=...) sets
+    strict = start_server_thread(engine, "127.0.0.1", 0, options=ServerOptions(strict_model_name=True))
+    try:
+        for handle in (server, strict):
+            c = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            assert [m.id for m in c.models.list()] == ["house-model"]
+            assert c.completions.create(model="house-model", prompt="Hi", max_tokens=1).model == "house-model"
+            assert c.chat.completions.create(model="house-model", messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=1).model == "house-model"
+            assert c.responses.create(model="house-model", input="Hi", max_output_tokens=1).model == "house-model"
+            assert json.loads(_request(handle, "GET", "/get_model_info")[1])["model_name"] == "house-model"
+        lenient = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert lenient.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1).model == "house-model"
+        c = openai.OpenAI(base_url=strict.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        calls = [lambda: c.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1),
+                 lambda: c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}]),
+                 lambda: c.responses.create(model="gpt-4o", input="Hi"),
+                 lambda: c.embeddings.create(model="gpt-4o", input="Hi")]
+        for call in calls:
+            with pytest.raises(openai.NotFoundError, match="'gpt-4o' does not exist") as info:
+                call()
+            assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
+    finally:
+        strict.stop()
+
+
+def test_serve_flags_for_the_model_name():
+    """The flags reach the engine and the server options, and `sgnb serve --help` documents them."""
+    from sgnb.cli import build_parser, serve_engine_kwargs, server_options
+
+    args = build_parser().parse_args(["serve", "--served-model-name", "house-model", "--strict-model-name"])
+    assert serve_engine_kwargs(args) == {"model_path": "smollm2", "served_model_name": "house-model",
+                                         "reasoning_parser": None}
+    assert server_options(args).strict_model_name is True
+    assert server_options(build_parser().parse_args(["serve"])).strict_model_name is False
+    help_text = subprocess.run([sys.executable, "-m", "sgnb.cli", "serve", "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    assert "--served-model-name NAME" in help_text and "--strict-model-name" in help_text
+    assert "model_not_found" in help_text
+
+
+def test_tokenize_speaks_sglangs_protocol(server):
+    """Bodies built with SGLang's own request models (they send every default, continue_final_message too) are
+    answered, and the answers validate as SGLang's response models."""
+    import requests
+
+    proto = pytest.importorskip("sglang.srt.entrypoints.openai.protocol")
+    body = proto.TokenizeRequest(prompt=[PROMPT, "Hi"]).model_dump(exclude_none=True)
+    out = requests.post(server.url + "/v1/tokenize", json=body).json()
+    assert proto.TokenizeResponse.model_validate(out).count == [5, 1]
+    body = proto.TokenizeRequest(messages=[{"role": "user", "content": "Hi"}]).model_dump(exclude_none=True)
+    assert proto.TokenizeResponse.model_validate(requests.post(server.url + "/tokenize", json=body).json()).count > 1
+    body = proto.DetokenizeRequest(tokens=out["tokens"]).model_dump(exclude_none=True)
+    text = proto.DetokenizeResponse.model_validate(requests.post(server.url + "/detokenize", json=body).json()).text
+    assert text == [PROMPT, "Hi"]
+    body = proto.TokenizeRequest(messages=[{"role": "user", "content": "Hi"}], continue_final_message=True)
+    r = requests.post(server.url + "/tokenize", json=body.model_dump(exclude_none=True))
+    assert r.status_code == 400 and "continue_final_message" in r.json()["error"]["message"]

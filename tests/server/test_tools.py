@@ -5,6 +5,7 @@ tools), errors."""
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 
@@ -177,11 +178,13 @@ def test_defs_in_parameters_resolve(client):
 
 
 def _routes_over(tokenizer):
+    from sgnb.engine.engine import Engine
     from sgnb.server.access import ServerOptions
     from sgnb.server.app import _Server
 
     fake = types.SimpleNamespace(tokenizer=tokenizer, get_stats=lambda: {"kv_total": 0}, image_token=None,
-                                 video_token=None)
+                                 video_token=None, chat_template_kwargs={})
+    fake.apply_chat_template = functools.partial(Engine.apply_chat_template, fake)  # the engine's own render
     return _Server(fake, ServerOptions())
 
 
