@@ -49,6 +49,7 @@ from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
+from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.tools import (
     TOOL_CALL_CLOSE,
@@ -236,6 +237,8 @@ class StreamExecutor:
         self.role_answers: str | None = None
         self.unanswered: list[str] = []
         self.var_scopes: dict[str, int] = {}
+        # variables whose gens a separate_reasoning being run wraps -> its format's name (gen_begin tells views)
+        self.reasoning_vars: dict[str, str] = {}
         self.fork_start = 0
         self.fork_media = 0  # images_ inherited from the parent at the fork
         self.where_: str | None = None  # the innermost node being run that knows its program line
@@ -402,8 +405,20 @@ class StreamExecutor:
         self._append(node.text)
 
     def _sequence(self, node: ir.Sequence) -> None:
-        for item in node.items:
-            self._execute(item)
+        split = node.items[-1] if node.items and isinstance(node.items[-1], ir.SeparateReasoning) else None
+        if split is None:
+            for item in node.items:
+                self._execute(item)
+            return
+        # separate_reasoning(expr): the gens inside expr announce the format, so views split them as they stream
+        outer = dict(self.reasoning_vars)
+        name = self._reasoning_format(split).name
+        self.reasoning_vars.update((n, name) for n in split.names)
+        try:
+            for item in node.items:
+                self._execute(item)
+        finally:
+            self.reasoning_vars = outer
 
     def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         if not text:
@@ -433,7 +448,8 @@ class StreamExecutor:
         begin = len(self.text_)
         self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
                    "constraint": params.regex or params.json_schema or params.ebnf,
-                   "constraint_name": _schema_title(params.json_schema)})
+                   "constraint_name": _schema_title(params.json_schema),
+                   "reasoning": self.reasoning_vars.get(node.name) if node.name is not None else None})
         value: Any
         try:
             if node.tools is not None:
@@ -663,9 +679,7 @@ class StreamExecutor:
     def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
         """Each named gen's reply split into answer and reasoning; the reasoning also leaves the text and the
         messages (the reply's last occurrence in them, which is where the gen wrote it)."""
-        from .reasoning import reasoning_format, split_reasoning
-
-        fmt = reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
+        fmt = self._reasoning_format(node)
         for name in node.names:
             value = self.variables.get(name)
             if not isinstance(value, str):
@@ -685,6 +699,9 @@ class StreamExecutor:
                 self._set_var(name, answer)
             self.emit({"type": "reasoning", "var": name, "reasoning": reasoning, "answer": answer})
             self._set_var(f"{name}_reasoning_content", reasoning)
+
+    def _reasoning_format(self, node: ir.SeparateReasoning) -> ReasoningFormat:
+        return reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
 
     # ---- variables and events --------------------------------------------------------------------------
     def _set_var(self, name: str, value: Any) -> None:
