@@ -521,6 +521,9 @@ class StreamExecutor:
         sp = dataclasses.asdict(params)
         used, first = 0, None
         opened: str | None
+        thinking = self._thinks_first(name, ctx)
+        if plan.mode == "required" and thinking is not None:
+            return self._tool_call_after_reasoning(name, plan, sp, ctx, thinking)
         if plan.mode == "required":
             opened = "tagged"
         else:
@@ -543,6 +546,35 @@ class StreamExecutor:
             self._hide(start, [call])
         meta = joined_meta(first, meta) if first is not None else meta
         return self.text_[begin:], {**meta, "tool_calls": [call] if call is not None else []}
+
+    def _thinks_first(self, name: str | None, ctx: GenContext) -> ReasoningFormat | None:
+        """The reasoning format a gen's reply starts with: a separate_reasoning around it, else the backend's
+        reasoning parser; None when neither, or when the prompt closed the block itself (thinking turned off)."""
+        fmt_name = self.reasoning_vars.get(name) if name is not None else None
+        fmt_name = fmt_name or getattr(self.backend, "reasoning_parser", None)
+        if fmt_name is None:
+            return None
+        fmt = reasoning_format(fmt_name)
+        return None if ctx.text.rstrip().endswith(fmt.close) else fmt
+
+    def _tool_call_after_reasoning(self, name: str | None, plan: ToolPlan, sp: dict[str, Any], ctx: GenContext,
+                                   fmt: ReasoningFormat) -> tuple[str, dict[str, Any]]:
+        """A required call from a model that thinks first: one request, free up to the reasoning's closing
+        marker, the call's grammar from there on (the engine's grammar_after, as `sgnb serve` does for
+        response_format). The text gets the reasoning, then the call in sgnb's format (<tool_call>...)."""
+        begin = len(self.text_)
+        raw, meta = self.backend.generate(ctx, _sampling({**plan.call_params(sp), "grammar_after": fmt.close}))
+        end = raw.find(fmt.close)
+        body = raw[end + len(fmt.close):].strip()
+        call = parse_call(body, plan) if end >= 0 else None
+        if call is None:  # cut off while thinking, or never closed the block: the text as it came
+            self._append(raw, name, meta)
+            return self.text_[begin:], {**meta, "tool_calls": []}
+        self._append(raw[: end + len(fmt.close)], name, meta)
+        start = len(self.text_)
+        self._append(f"\n\n{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}", name)
+        self._hide(start, [call])
+        return self.text_[begin:], {**meta, "tool_calls": [call]}
 
     def _hide(self, start: int, calls: list[dict[str, Any]]) -> None:
         """text_[start:] holds `calls`: it is not the open role's content, and the message carries the calls."""

@@ -168,7 +168,9 @@ class OpenAIRoutes(_Routes):
         fmt = self._reasoning(req, text)
         template_vars = {**getattr(self.engine, "chat_template_kwargs", {}), **(req.chat_template_kwargs or {})}
         thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
-        if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
+        # the reply starts with thinking: not turned off, and the template did not close an empty block itself
+        thinks = fmt is not None and not thinking_off and not text.rstrip().endswith(fmt.close)
+        if thinks and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
             sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
         _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
@@ -177,7 +179,8 @@ class OpenAIRoutes(_Routes):
                  "return_text_in_logprobs": True}
         meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
         if plan is not None:
-            return await self._chat_tools(request, req, plan, text, input_ids, sp, base, lp_kw, mm, meta)
+            return await self._chat_tools(request, req, plan, text, input_ids, sp, base, lp_kw, mm, meta, fmt,
+                                          fmt.close if thinks and fmt is not None else None)
 
         if not req.stream:
             with self.inflight.track(ids):
@@ -363,21 +366,29 @@ class OpenAIRoutes(_Routes):
     # -- tool calls
     async def _chat_tools(self, request: Request, req: ChatCompletionRequest, plan: ToolPlan, text: str,
                           input_ids: list[int], sp: dict[str, Any], base: str, lp_kw: dict[str, Any],
-                          mm: dict[str, Any], meta: dict[str, Any]) -> Response:
+                          mm: dict[str, Any], meta: dict[str, Any], fmt: ReasoningFormat | None,
+                          after: str | None) -> Response:
         """A chat completion that may call tools. "required" (or a named function): the reply opens with
-        <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas. "auto": text
-        that stops where a call opens (<tool_call>, or a bare {"name": ...} first thing), then continues as a
-        constrained call. One call per choice; a stream sends text as it comes and the call whole once decoded."""
+        <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas; a model that
+        thinks first (`after`: the reasoning's closing marker) thinks freely and the call's grammar starts at the
+        marker (grammar_after, one request). "auto": text that stops where a call opens (<tool_call>, or a bare
+        {"name": ...} first thing), then continues as a constrained call. One call per choice; a stream sends text
+        as it comes and the call whole once decoded. With a reasoning format (`fmt`) the thinking is
+        reasoning_content."""
         samples = list(zip(split_samples(sp, req.n), sample_rids(base, req.n)))
         ids = {base: [r for _, rid in samples for r in (rid, f"{rid}-call")]}
-        if plan.mode == "required":
+        if plan.mode == "required" and after is not None:
+            calls = [{"input_ids": input_ids, "sampling_params": {**plan.call_params(s), "grammar_after": after},
+                      "rid": r, **lp_kw, **mm} for s, r in samples]
+        elif plan.mode == "required":
             calls = [{"prompt": text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
                       **lp_kw, **mm} for s, r in samples]
         else:
             calls = [{"input_ids": input_ids, "sampling_params": plan.text_params(s), "rid": r, **lp_kw, **mm}
                      for s, r in samples]
         firsts = await self._start_streams(request, calls)
-        streams = [self._tool_sample(plan, text, first, s, r, lp_kw, mm) for first, (s, r) in zip(firsts, samples)]
+        streams = [self._tool_sample(plan, text, first, s, r, lp_kw, mm, after)
+                   for first, (s, r) in zip(firsts, samples)]
 
         if not req.stream:
             with self.inflight.track(ids):
@@ -389,7 +400,7 @@ class OpenAIRoutes(_Routes):
                     raise _engine_error(e) from e
             finals = [final for _, final in results]
             _raise_failed(finals)
-            choices = [{"index": k, "message": _tool_message(content, final),
+            choices = [{"index": k, "message": _tool_message(content, final, fmt),
                         "logprobs": _chat_logprobs(final) if req.logprobs else None, **_tool_finish(final)}
                        for k, (content, final) in enumerate(results)]
             return _json_response({**meta, "object": "chat.completion", "choices": choices,
@@ -398,8 +409,18 @@ class OpenAIRoutes(_Routes):
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(streams))]
 
+        splitters = [ReasoningStream(fmt) if fmt is not None else None for _ in streams]
+
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
             delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
+            splitter = splitters[k]
+            if splitter is not None:  # the thinking as reasoning_content, the rest as content
+                reasoning, answer = splitter.feed(chunk["text"])
+                if last:
+                    more_r, more_a = splitter.finish()
+                    reasoning, answer = reasoning + more_r, answer + more_a
+                delta = {**({"reasoning_content": reasoning} if reasoning else {}),
+                         **({"content": answer} if answer else {})}
             if last and chunk.get("tool_calls"):
                 delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
             return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
@@ -409,10 +430,12 @@ class OpenAIRoutes(_Routes):
             streams, ids, {**meta, "object": "chat.completion.chunk"}, head, choice, req.stream_options, req.n))
 
     async def _tool_sample(self, plan: ToolPlan, text: str, first: AsyncIterator[dict], sp: dict[str, Any],
-                           rid: str, lp_kw: dict[str, Any], mm: dict[str, Any]) -> AsyncIterator[dict]:
+                           rid: str, lp_kw: dict[str, Any], mm: dict[str, Any],
+                           after: str | None = None) -> AsyncIterator[dict]:
         """One choice as engine-like chunks: text chunks ("auto"), then a last chunk (it has "output_ids") whose
         "tool_calls" holds the parsed call, or None when the reply is text (or a call cut short by max_tokens,
-        whose raw text is then the content)."""
+        whose raw text is then the content). A required call after the reasoning (`after`: its closing marker)
+        is read from the text past the marker; the text up to it stays (the reasoning)."""
         pieces: list[str] = []
         final: dict[str, Any] = {}
         async with contextlib.aclosing(first) as chunks:  # type: ignore[type-var]
@@ -425,8 +448,9 @@ class OpenAIRoutes(_Routes):
                     yield chunk
         if plan.mode == "required":
             raw = "".join(pieces) + final["text"]
-            call = parse_call(raw, plan)
-            yield {**final, "text": "" if call else raw, "tool_calls": [call] if call else None}
+            end = raw.find(after) + len(after) if after is not None and after in raw else 0
+            call = parse_call(raw[end:].strip(), plan) if after is None or end else None
+            yield {**final, "text": raw[:end] if call else raw, "tool_calls": [call] if call else None}
             return
         opened = opened_call(final["meta_info"].get("finish_reason"))
         tagged, bare = opened == "tagged", opened == "bare"
@@ -502,11 +526,13 @@ def _reply_message(text: str, fmt: ReasoningFormat | None) -> dict[str, Any]:
     return {"role": "assistant", "content": answer, "reasoning_content": reasoning or None}
 
 
-def _tool_message(content: str, final: dict[str, Any]) -> dict[str, Any]:
+def _tool_message(content: str, final: dict[str, Any], fmt: ReasoningFormat | None = None) -> dict[str, Any]:
+    """A reply that may hold a call; with a reasoning format, its thinking as reasoning_content."""
+    message = _reply_message(content, fmt)
     calls = final.get("tool_calls")
     if not calls:
-        return {"role": "assistant", "content": content}
-    return {"role": "assistant", "content": content if content.strip() else None, "tool_calls": calls}
+        return message
+    return {**message, "content": message["content"] if message["content"].strip() else None, "tool_calls": calls}
 
 
 def _tool_finish(final: dict[str, Any]) -> dict[str, Any]:

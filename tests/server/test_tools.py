@@ -180,8 +180,9 @@ def _routes_over(tokenizer):
     from sgnb.server.access import ServerOptions
     from sgnb.server.app import _Server
 
+    # the routes render through the engine's apply_chat_template (its chat_template_kwargs over the request's)
     fake = types.SimpleNamespace(tokenizer=tokenizer, get_stats=lambda: {"kv_total": 0}, image_token=None,
-                                 video_token=None)
+                                 video_token=None, apply_chat_template=tokenizer.apply_chat_template)
     return _Server(fake, ServerOptions())
 
 
