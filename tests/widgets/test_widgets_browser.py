@@ -344,7 +344,8 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     assert len(generated) >= 3 and max(generated) == 40, f"the header counted as it went: {sorted(generated)}"
 
 
-# a reasoning gen (notebooks/reasoning.ipynb's form, sampled so that the thinking has words to stream)
+# a reasoning gen (notebooks/reasoning.ipynb's form, sampled and at least 20 characters long, so that the thinking
+# has words to stream over several of the view's updates)
 THINK_NOTEBOOK = [
     """\
 import json, time
@@ -357,7 +358,7 @@ runtime = sgl.Runtime(engine=Engine("smollm2"))""",
 def thinker(s):
     s += sgl.user("What is 2 + 3?")
     s += sgl.separate_reasoning(sgl.assistant(sgl.gen(
-        "answer", regex=r"<think>[a-z ]{5,40}</think>The answer is [0-9]", max_tokens=60, temperature=0.8)),
+        "answer", regex=r"<think>[a-z ]{20,60}</think>The answer is [0-9]", max_tokens=80, temperature=0.8)),
         model_type="qwen3")
 
 view = ProgramView(title="thinker")
