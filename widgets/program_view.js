@@ -258,7 +258,8 @@ function drawGen(seg, parent, where, ctx) {
     span.textContent = seg.text.slice(from);
     span.title = [`${seg.var ?? "(unnamed gen)"}  ${seg.rid ?? ""}`, ...genLines(seg)].join("\n");
   }
-  if (!seg.done) span.classList.add("sgnb-pv-live");
+  const thinking = think && (think.end === null || think.end === undefined) && think.state === "reasoning";
+  if (!seg.done && !thinking) span.classList.add("sgnb-pv-live");  // while it thinks, the cursor is in its block
 }
 
 function drawSelect(seg, parent) {
