@@ -362,9 +362,9 @@ def _mark_reasoning(rows: list[dict[str, Any]], read: Callable[[int, int], str],
             found = reasoning_spans(row["text"], inside)
         else:  # a marker may lie past its label
             key = (row["id"], row["tokens"], inside)
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = reasoning_spans(read(row["id"], min(row["tokens"], THINK_SCAN_TOKENS)), inside)
+            if key not in memo:
+                memo[key] = reasoning_spans(read(row["id"], min(row["tokens"], THINK_SCAN_TOKENS)), inside)
+            found = memo[key]
         thought, closed, inside_at_end[row["id"]] = found
         if inside:
             row["think_inside"] = True

@@ -170,8 +170,9 @@ class OpenAIRoutes(_Routes):
         thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
         # the reply starts with thinking: not turned off, and the template did not close an empty block itself
         thinks = fmt is not None and not thinking_off and not text.rstrip().endswith(fmt.close)
-        if thinks and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
-            sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
+        after = fmt.close if thinks and fmt is not None else None
+        if after is not None and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
+            sp["grammar_after"] = after  # the model thinks freely; the constraint applies to the answer
         _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
         ids = {base: sample_rids(base, req.n)}
@@ -180,7 +181,7 @@ class OpenAIRoutes(_Routes):
         meta = {"id": f"chatcmpl-{base}", "created": int(time.time()), "model": self.engine.model_name}
         if plan is not None:
             return await self._chat_tools(request, req, plan, text, input_ids, sp, base, lp_kw, mm, meta, fmt,
-                                          fmt.close if thinks and fmt is not None else None)
+                                          after)
 
         if not req.stream:
             with self.inflight.track(ids):
