@@ -288,6 +288,8 @@ def tree_html(nodes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) ->
             chips = "".join(_image(m.get("thumbnail"), 16, f"[{m.get('kind')}]") for m in r.get("media") or [])
             text = str(r.get("text") or "")
             label = f'{chips}<code title="{_e(text)}">{_e(_short(text))}</code>'
+        if r.get("think"):  # a model's thinking: all of the node or part of it (the tree view's italics)
+            label += f' <i style="color: #8a4a86">({"reasoning" if r["think"] == "all" else "part reasoning"})</i>'
         if r.get("collapsed"):
             label += f' <span style="{_MUTED}">(+{_e(r.get("hidden", 0))} folded)</span>'
         elif r.get("below"):

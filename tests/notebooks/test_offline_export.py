@@ -213,6 +213,8 @@ def test_snapshots_escape_text_and_draw_forks_rows_and_tiles():
             {"id": "g1", "parent": 1, "group": True, "children": 4, "count": 7, "tokens": 30}]
     tree = tree_html(rows, {"nodes": 3, "tokens": 12, "locked": 1, "finished": 2})
     assert "A list\\nof &lt;colors&gt;" in tree and "locked" in tree and "+7 nodes" in tree
+    thinking = tree_html([rows[0], {**rows[1], "think": "part"}, {**rows[2], "think": "all"}], {"nodes": 3})
+    assert "(part reasoning)</i>" in thinking and "(reasoning)</i>" in thinking and "reasoning" not in tree
     assert "&nbsp;" * 6 + "<code" in tree and "..." in tree and "2 nodes below the root" in tree
 
     stats = stats_html({"cache_hit_rate": 0.5, "kv_used": 10, "kv_total": 100, "model": "m", "device": "cpu"},
