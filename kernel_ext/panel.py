@@ -130,6 +130,7 @@ class _Memory:
         self.labels: dict[int, tuple[str, list[dict]]] = {}  # the labels shown last time
         self.gone: dict[int, tuple[float, Node, tuple[str, list[dict]]]] = {}  # id -> (noticed, node, label)
         self.evicted_total = 0
+        self.think: dict[Any, tuple[bool, bool, bool]] = {}  # build_rows' memo of the nodes' reasoning markers
         self.stats = StatsHistory(HISTORY_POINTS)
 
     @classmethod
@@ -171,7 +172,8 @@ class _Memory:
 
             mine = sorted(nodes_of(nodes), key=lambda n: n.id)  # siblings in the order they were cached
             rows, summary = build_rows([*mine, *(g[1] for g in fresh)], label, max_nodes=max_nodes,
-                                       collapsed=collapsed, expanded=expanded, label_tokens=LABEL_TOKENS)
+                                       collapsed=collapsed, expanded=expanded, label_tokens=LABEL_TOKENS,
+                                       think_memo=self.think)
             summary["evicted_total"] = self.evicted_total
             self.alive = by_id
             self.labels = {r["id"]: (r["text"], r.get("media", [])) for r in rows

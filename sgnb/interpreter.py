@@ -49,6 +49,7 @@ from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
+from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.tools import (
     TOOL_CALL_CLOSE,
@@ -239,6 +240,8 @@ class StreamExecutor:
         self.role_answers: str | None = None
         self.unanswered: list[str] = []
         self.var_scopes: dict[str, int] = {}
+        # variables whose gens a separate_reasoning being run wraps -> its format's name (gen_begin tells views)
+        self.reasoning_vars: dict[str, str] = {}
         self.fork_start = 0
         self.fork_media = 0  # images_ inherited from the parent at the fork
         self.where_: str | None = None  # the innermost node being run that knows its program line
@@ -405,8 +408,20 @@ class StreamExecutor:
         self._append(node.text)
 
     def _sequence(self, node: ir.Sequence) -> None:
-        for item in node.items:
-            self._execute(item)
+        split = node.items[-1] if node.items and isinstance(node.items[-1], ir.SeparateReasoning) else None
+        if split is None:
+            for item in node.items:
+                self._execute(item)
+            return
+        # separate_reasoning(expr): the gens inside expr announce the format, so views split them as they stream
+        outer = dict(self.reasoning_vars)
+        name = self._reasoning_format(split).name
+        self.reasoning_vars.update((n, name) for n in split.names)
+        try:
+            for item in node.items:
+                self._execute(item)
+        finally:
+            self.reasoning_vars = outer
 
     def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         if not text:
@@ -436,7 +451,8 @@ class StreamExecutor:
         begin = len(self.text_)
         self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
                    "constraint": params.regex or params.json_schema or params.ebnf,
-                   "constraint_name": _schema_title(params.json_schema)})
+                   "constraint_name": _schema_title(params.json_schema),
+                   "reasoning": self.reasoning_vars.get(node.name) if node.name is not None else None})
         value: Any
         try:
             if node.tools is not None:
@@ -508,6 +524,9 @@ class StreamExecutor:
         sp = dataclasses.asdict(params)
         used, first = 0, None
         opened: str | None
+        thinking = self._thinks_first(name, ctx)
+        if plan.mode == "required" and thinking is not None:
+            return self._tool_call_after_reasoning(name, plan, sp, ctx, thinking)
         if plan.mode == "required":
             opened = "tagged"
         else:
@@ -530,6 +549,35 @@ class StreamExecutor:
             self._hide(start, [call])
         meta = joined_meta(first, meta) if first is not None else meta
         return self.text_[begin:], {**meta, "tool_calls": [call] if call is not None else []}
+
+    def _thinks_first(self, name: str | None, ctx: GenContext) -> ReasoningFormat | None:
+        """The reasoning format a gen's reply starts with: a separate_reasoning around it, else the backend's
+        reasoning parser; None when neither, or when the prompt closed the block itself (thinking turned off)."""
+        fmt_name = self.reasoning_vars.get(name) if name is not None else None
+        fmt_name = fmt_name or getattr(self.backend, "reasoning_parser", None)
+        if fmt_name is None:
+            return None
+        fmt = reasoning_format(fmt_name)
+        return None if ctx.text.rstrip().endswith(fmt.close) else fmt
+
+    def _tool_call_after_reasoning(self, name: str | None, plan: ToolPlan, sp: dict[str, Any], ctx: GenContext,
+                                   fmt: ReasoningFormat) -> tuple[str, dict[str, Any]]:
+        """A required call from a model that thinks first: one request, free up to the reasoning's closing
+        marker, the call's grammar from there on (the engine's grammar_after, as `sgnb serve` does for
+        response_format). The text gets the reasoning, then the call in sgnb's format (<tool_call>...)."""
+        begin = len(self.text_)
+        raw, meta = self.backend.generate(ctx, _sampling({**plan.call_params(sp), "grammar_after": fmt.close}))
+        end = raw.find(fmt.close)
+        body = raw[end + len(fmt.close):].strip()
+        call = parse_call(body, plan) if end >= 0 else None
+        if call is None:  # cut off while thinking, or never closed the block: the text as it came
+            self._append(raw, name, meta)
+            return self.text_[begin:], {**meta, "tool_calls": []}
+        self._append(raw[: end + len(fmt.close)], name, meta)
+        start = len(self.text_)
+        self._append(f"\n\n{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}", name)
+        self._hide(start, [call])
+        return self.text_[begin:], {**meta, "tool_calls": [call]}
 
     def _hide(self, start: int, calls: list[dict[str, Any]]) -> None:
         """text_[start:] holds `calls`: it is not the open role's content, and the message carries the calls."""
@@ -666,9 +714,7 @@ class StreamExecutor:
     def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
         """Each named gen's reply split into answer and reasoning; the reasoning also leaves the text and the
         messages (the reply's last occurrence in them, which is where the gen wrote it)."""
-        from .reasoning import reasoning_format, split_reasoning
-
-        fmt = reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
+        fmt = self._reasoning_format(node)
         for name in node.names:
             value = self.variables.get(name)
             if not isinstance(value, str):
@@ -688,6 +734,9 @@ class StreamExecutor:
                 self._set_var(name, answer)
             self.emit({"type": "reasoning", "var": name, "reasoning": reasoning, "answer": answer})
             self._set_var(f"{name}_reasoning_content", reasoning)
+
+    def _reasoning_format(self, node: ir.SeparateReasoning) -> ReasoningFormat:
+        return reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
 
     # ---- variables and events --------------------------------------------------------------------------
     def _set_var(self, name: str, value: Any) -> None:

@@ -57,6 +57,9 @@ class GenParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # the constraint applies from this text on (a reasoning format's closing marker): set by the interpreter for
+    # a tool call after the reasoning, not a gen() keyword
+    grammar_after: str | None = None
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None

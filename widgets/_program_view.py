@@ -26,6 +26,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
 from sgnb.widgets._ticker import Ticker
@@ -54,6 +55,10 @@ class _Program:
         self.children: list[str] = []
         self.open_gen: dict[str, Any] | None = None
         self.open_gen_t = 0.0
+        self.thinking: ReasoningStream | None = None  # the open gen's split, when separate_reasoning wraps it
+        self.thinking_fed = 0  # characters of the open gen fed to it
+        self.thinking_closed_t: float | None = None  # when its answer began
+        self.gen_start: dict[str, int] = {}  # a gen's rid -> where its text starts (in `chars`)
         self.first_chunk_t: float | None = None
         self.error: dict[str, Any] | None = None
         self.t_begin = now
@@ -395,6 +400,8 @@ class ProgramView(anywidget.AnyWidget):
             gen["chunks"] += 1
             if not gen["done"] and isinstance(e.get("progress"), dict):  # its counts so far: the header moves
                 gen["meta"].update(e["progress"])
+            if p.thinking is not None:
+                self._think(p, gen, *p.thinking.feed(text), fed=len(text))
             return
         if var is not None:  # a select's choice arrives as text first, then the select event
             p.segments.append({"k": "select", "var": var, "text": text, "choices": []})
@@ -409,8 +416,29 @@ class ProgramView(anywidget.AnyWidget):
                "constraint": str(constraint)[:300] if constraint else None,
                "constraint_name": e.get("constraint_name"), "done": False, "chunks": 0,
                "meta": {}, "tokens": None, "logprobs": False, "ttft": None, "elapsed": None}
+        p.thinking, p.thinking_fed, p.thinking_closed_t = None, 0, None
+        if e.get("reasoning"):  # separate_reasoning wraps it: its thinking is split off as it streams
+            p.thinking = ReasoningStream(str(e["reasoning"]))
+            seg["think"] = {"format": p.thinking.fmt.name, "state": "start", "text": "", "tokens": 0,
+                            "seconds": None, "end": None, "done": False}
         p.segments.append(seg)
         p.open_gen, p.open_gen_t, p.first_chunk_t = seg, self._now, None
+        if isinstance(seg["rid"], str):
+            p.gen_start[seg["rid"]] = p.chars
+
+    def _think(self, p: _Program, gen: dict[str, Any], reasoning: str, answer: str, *, fed: int) -> None:
+        """Fold what the open gen's ReasoningStream gave for its last `fed` characters into its `think`."""
+        stream, think = p.thinking, gen["think"]
+        assert stream is not None
+        p.thinking_fed += fed
+        think["text"] += reasoning
+        if think["end"] is None and think["state"] != "answer":
+            think["tokens"] = int(gen["meta"].get("completion_tokens") or think["tokens"])
+        think["state"] = stream.state
+        if think["end"] is None and stream.state == "answer":  # the answer starts: where, and after how long
+            think["end"] = max(0, p.thinking_fed - len(stream.buffer) - len(answer))
+            think["seconds"] = round(self._now - p.open_gen_t, 3) if think["end"] else None
+            p.thinking_closed_t = self._now
 
     def _gen_end(self, p: _Program, e: Event) -> None:
         seg = p.open_gen
@@ -429,10 +457,64 @@ class ProgramView(anywidget.AnyWidget):
         ttft = meta.get("ttft", p.first_chunk_t - p.open_gen_t if streamed else None)
         seg["ttft"] = round(ttft, 4) if isinstance(ttft, (int, float)) else None
         seg["elapsed"] = round(self._now - p.open_gen_t, 4)
+        if p.open_gen is seg and p.thinking is not None:
+            self._think_done(p, seg, meta)
         if p.open_gen is seg:
             p.open_gen = None
         if isinstance(e.get("prompt_chars"), int):
             self._mark_cached(p, seg, e["prompt_chars"])
+
+    def _think_done(self, p: _Program, seg: dict[str, Any], meta: dict[str, Any]) -> None:
+        """The gen ended: the rest of its split, the reasoning's exact token count (its tokens up to where the
+        answer starts) and, for a gen not streamed, its time on the engine's clock (the decode time shared by
+        the tokens)."""
+        stream, think = p.thinking, seg["think"]
+        assert stream is not None
+        cut_off = stream.state == "reasoning" or (stream.state == "start" and stream.fmt.starts_inside)
+        self._think(p, seg, *stream.finish(), fed=0)
+        p.thinking = None
+        if think["end"] is None:  # cut off while thinking (all of it is reasoning), or it never opened
+            think["end"] = len(seg["text"]) if cut_off else 0
+        think["state"], think["done"] = "answer", True
+        if not think["end"]:
+            think["tokens"], think["seconds"] = 0, None
+            return
+        if seg["tokens"]:
+            pos, n = 0, 0
+            for part, *_ in seg["tokens"]:
+                if pos >= think["end"]:
+                    break
+                pos, n = pos + len(part), n + 1
+            think["tokens"] = n
+        elif not think["tokens"]:
+            think["tokens"] = estimate_tokens(seg["text"][: think["end"]])
+        # on the engine's clock where it has one (as TTFT and latency): streamed, its TTFT plus the stream's time
+        # from the first piece to the closing marker; else the decode time shared by the tokens
+        out, ttft, e2e = meta.get("completion_tokens"), meta.get("ttft"), meta.get("e2e_latency")
+        if cut_off:
+            think["seconds"] = e2e if isinstance(e2e, (int, float)) else seg["elapsed"]
+        elif p.thinking_closed_t is not None and p.first_chunk_t is not None and isinstance(ttft, (int, float)):
+            think["seconds"] = round(ttft + p.thinking_closed_t - p.first_chunk_t, 3)
+        elif seg["chunks"] <= 1 and isinstance(out, int) and out > 0 and isinstance(ttft, (int, float)) \
+                and isinstance(e2e, (int, float)):
+            think["seconds"] = round(ttft + (e2e - ttft) * min(1.0, think["tokens"] / out), 3)
+
+    def _reasoning(self, p: _Program, e: Event) -> None:
+        """separate_reasoning split a gen: its text is the split's (one implementation), and the program's text
+        lost the thinking (the cached-prompt estimates count from the shorter text)."""
+        var = e.get("var")
+        seg = next((s for s in reversed(p.segments) if s["k"] == "gen" and s["var"] == var), None)
+        if seg is None or "think" not in seg:
+            return
+        seg["think"]["text"] = str(e.get("reasoning") or "")
+        removed = len(seg["text"]) - len(str(e.get("answer") or ""))
+        start = p.gen_start.get(str(seg["rid"]))
+        if removed > 0 and start is not None:
+            p.chars = max(start, p.chars - removed)
+            p.pieces = [x for x in p.pieces if x[1] <= start]
+            p.anchors = [a for a in p.anchors if a[0] <= start]
+            if p.chars > start:
+                p.pieces.append((start, p.chars, estimate_tokens(str(e.get("answer") or ""))))
 
     def _mark_cached(self, p: _Program, seg: dict[str, Any], prompt_chars: int) -> None:
         """Mark the prompt text this gen read first (the text segments since the last gen, and its ancestors'
@@ -526,6 +608,8 @@ class ProgramView(anywidget.AnyWidget):
         p.status = "interrupted" if e.get("interrupted") else "error"
         p.t_end = self._now
         if p.open_gen is not None and not e.get("interrupted"):
+            if p.thinking is not None:
+                self._think_done(p, p.open_gen, {})
             p.open_gen["done"] = True
             p.open_gen = None
         # an interrupted gen stays open for what it wrote until the abort reached it (its text and gen_end
@@ -536,6 +620,8 @@ class ProgramView(anywidget.AnyWidget):
             p.status = "done"
         p.t_end = p.t_end or self._now
         if p.open_gen is not None:
+            if p.thinking is not None:
+                self._think_done(p, p.open_gen, {})
             p.open_gen["done"] = True
             p.open_gen = None
 
@@ -565,6 +651,7 @@ _HANDLERS: dict[str, Callable[[ProgramView, _Program, Event], None]] = {
     "gen_begin": ProgramView._gen_begin,
     "gen_end": ProgramView._gen_end,
     "select": ProgramView._select,
+    "reasoning": ProgramView._reasoning,
     "role_begin": ProgramView._role_begin,
     "role_end": ProgramView._role_end,
     "image": ProgramView._media,

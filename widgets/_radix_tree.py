@@ -101,6 +101,7 @@ class RadixTreeView(anywidget.AnyWidget):
         self.snapshots = 0
         self._lock = threading.RLock()  # the mirror below: timer thread vs frontend messages (main thread)
         self._nodes: dict[int, _Node] = {}
+        self._think_memo: dict[Any, tuple[bool, bool, bool]] = {}  # build_rows': the nodes' reasoning markers
         self._root: int | None = None
         self._requests: dict[str, str] = {}
         self._finished = 0  # requests the engine finished (not aborted): its count at attach, then events
@@ -335,6 +336,11 @@ class RadixTreeView(anywidget.AnyWidget):
         n.text_tokens = tokens
         return n.text, n.media
 
+    def _read(self, node_id: int, tokens: int) -> str:
+        """The text of a live node's first `tokens` tokens, not kept (build_rows reads it for reasoning markers)."""
+        key = self.engine.node_key(node_id) if self._nodes[node_id].evicted_t is None else None
+        return self._decode(key, tokens)[0] if key is not None else self._label(node_id, tokens)[0]
+
     def _decode(self, key: list[int], tokens: int) -> tuple[str, list[dict[str, Any]]]:
         try:
             return key_label(self.engine, key, tokens, CHIP_PX)
@@ -363,7 +369,8 @@ class RadixTreeView(anywidget.AnyWidget):
             order.append(n)
             stack.extend(c for c in reversed(n.children) if c in nodes)
         rows, summary = build_rows(order, self._label, max_nodes=self.max_nodes, collapsed=set(self.collapsed),
-                                   expanded=set(self.expanded), label_tokens=self.label_tokens)
+                                   expanded=set(self.expanded), label_tokens=self.label_tokens,
+                                   think_memo=self._think_memo, read=self._read)
         summary.update(queued=sum(s == "queued" for s in self._requests.values()), finished=self._finished,
                        evicted_total=self._evicted, events=self.events_seen)
         return rows, summary

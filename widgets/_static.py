@@ -128,6 +128,22 @@ def _marked(seg: Mapping[str, Any], text: str) -> str:
             f"{_e(text)}</b>")
 
 
+def think_label(think: Mapping[str, Any]) -> str:
+    """A reasoning block's summary, as program_view.js's thinkLabel writes it: "thought for 412 tokens, 3.1 s"."""
+    n = think.get("tokens") or 0
+    seconds = think.get("seconds")
+    timed = f", {seconds:.1f} s" if isinstance(seconds, (int, float)) else ""
+    return f"thought for {n} token{'' if n == 1 else 's'}{timed}"
+
+
+def _think(seg: Mapping[str, Any], think: Mapping[str, Any]) -> str:
+    """A gen's reasoning as a <details> block, folded."""
+    return (f'<details data-think="{_e(seg.get("var") or "")}" style="margin: 2px 0; padding: 1px 6px; '
+            f'border-left: 3px solid hsl({_hue(seg.get("var"))} 55% 45%); background: #f6f7f9">'
+            f'<summary style="{_FONT}; font-size: 11px; {_MUTED}">{_e(think_label(think))}</summary>'
+            f'<pre style="{_MONO}; {_MUTED}; font-style: italic">{_e(think.get("text"))}</pre></details>')
+
+
 def _choices(seg: Mapping[str, Any]) -> str:
     items = []
     for c in seg.get("choices") or []:
@@ -184,7 +200,11 @@ def _program(prog: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], de
         elif k == "gen":
             constraint = seg.get("constraint")
             chip = (f'<small style="{_MUTED}" title="{_e(constraint)}">[constrained] </small>' if constraint else "")
-            body.inline(_var_tag(seg.get("var")) + chip + _marked(seg, str(seg.get("text") or "")))
+            text, think = str(seg.get("text") or ""), seg.get("think")
+            if isinstance(think, Mapping) and think.get("end"):  # its reasoning folded, then the answer
+                body.block(_think(seg, think))
+                text = text[int(think["end"]):]
+            body.inline(_var_tag(seg.get("var")) + chip + _marked(seg, text))
         elif k == "select":
             body.inline(_var_tag(seg.get("var")) + _marked(seg, str(seg.get("text") or "")) + _choices(seg))
         elif k == "role_begin":
@@ -268,6 +288,8 @@ def tree_html(nodes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) ->
             chips = "".join(_image(m.get("thumbnail"), 16, f"[{m.get('kind')}]") for m in r.get("media") or [])
             text = str(r.get("text") or "")
             label = f'{chips}<code title="{_e(text)}">{_e(_short(text))}</code>'
+        if r.get("think"):  # a model's thinking: all of the node or part of it (the tree view's italics)
+            label += f' <i style="color: #8a4a86">({"reasoning" if r["think"] == "all" else "part reasoning"})</i>'
         if r.get("collapsed"):
             label += f' <span style="{_MUTED}">(+{_e(r.get("hidden", 0))} folded)</span>'
         elif r.get("below"):

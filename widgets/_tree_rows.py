@@ -18,6 +18,10 @@ engine's events, the panel reads a snapshot at each poll. `build_rows` turns the
   "<|eot_id|>", ...) turned into role glyphs (one private-use character each, drawn as a small chip), and
   `diff`: where the label departs from its siblings' labels, so the drawing shows that part when it must cut;
   a label that reads exactly like a sibling's is decoded further (up to `MAX_LABEL_TOKENS`) to find it;
+- reasoning: a reasoning model's thinking markers (`<think>`, `</think>`, `[THINK]`, ...: sgnb/reasoning.py's
+  formats) are glyphs too, and a row says how much of it is thinking (`think`: "all" or "part") and whether it
+  starts inside a block its ancestors opened (`think_inside`), so the drawing sets the reasoning apart from the
+  answer; a node that may close a block past its label is read further (up to `THINK_SCAN_TOKENS`) to know;
 - heat: a level 1..HEAT_LEVELS from the node's cumulative hits (log scale, relative to the tree's most hit
   node), drawn when the node has no live state (new / hit / evicted).
 
@@ -37,6 +41,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from sgnb.reasoning import FORMATS
 from sgnb.widgets._media import key_label, key_text
 
 HIGHLIGHT_S = 1.0  # "new" and "hit" mark the changes of the latest this-many seconds of engine activity,
@@ -49,17 +54,23 @@ SIBLING_CAP = 12  # siblings of one shape shown (the rest go into the parent's "
 OVERVIEW_ROWS = 60  # rows of a tree too big for the budget: an overview, not a slice of 300
 BREADTH = 12  # children shown per node in an overview (the others: one "+N" row)
 HEAT_LEVELS = 5
+THINK_SCAN_TOKENS = 4096  # of a node read to find where its reasoning ends
 DETAIL_TOKENS = 4096  # of the selected node's own text
 DETAIL_PREFIX_TOKENS = 2000  # of the text above it
 LIVE_STATES = frozenset(("new", "hit", "evicted"))
 
 # chat-template markers -> one private-use character each (radix_tree_draw.js draws them as role chips)
 GLYPHS = {"system": "\ue000", "user": "\ue001", "assistant": "\ue002", "tool": "\ue003", "role": "\ue004",
-          "end": "\ue005", "special": "\ue006"}
+          "end": "\ue005", "special": "\ue006", "think": "\ue007", "think_end": "\ue008"}
+# the reasoning formats' markers (a harmony analysis channel ends at its <|end|>)
+THINK_OPEN = tuple(sorted({f.open for f in FORMATS.values()}, key=len, reverse=True))
+THINK_CLOSE = tuple(sorted({f.close for f in FORMATS.values()}, key=len, reverse=True))
 _ROLE_NAMES = {"system": "system", "developer": "system", "user": "user", "human": "user", "assistant": "assistant",
                "model": "assistant", "gpt": "assistant", "bot": "assistant", "tool": "tool", "ipython": "tool",
                "function": "tool"}
 _MARKER = re.compile(
+    "(?P<think>" + "|".join(map(re.escape, THINK_OPEN)) + ")\n*"  # reasoning (before <|end|> and the specials)
+    "|(?P<unthink>" + "|".join(re.escape(m) for m in THINK_CLOSE if m != "<|end|>") + ")\n*|"
     r"<\|im_start\|>(?P<chatml>\w+)\n?"  # ChatML (Qwen, SmolLM, ...)
     r"|<\|start_header_id\|>(?P<header>\w+)<\|end_header_id\|>\n*"  # Llama 3
     r"|<start_of_turn>(?P<turn>\w+)\n?"  # Gemma
@@ -95,6 +106,10 @@ def display_label(text: str) -> str:
 
 
 def _glyph(m: re.Match[str]) -> str:
+    if m.group("think"):
+        return GLYPHS["think"]
+    if m.group("unthink"):
+        return GLYPHS["think_end"]
     role = m.group("chatml") or m.group("header") or m.group("turn") or m.group("tag")
     if role is not None:
         return GLYPHS[_ROLE_NAMES.get(role.lower(), "role")]
@@ -143,6 +158,8 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
                collapsed: AbstractSet[Any] = frozenset(), expanded: AbstractSet[Any] = frozenset(),
                label_tokens: int = LABEL_TOKENS, sibling_cap: int = SIBLING_CAP,
                overview_rows: int = OVERVIEW_ROWS, breadth: int = BREADTH,
+               think_memo: dict[Any, tuple[bool, bool, bool]] | None = None,
+               read: Callable[[int, int], str] | None = None,
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows to draw (parents first) and a summary, for `nodes` (any order; siblings are drawn in the order
     they come; exactly one has parent None, and a node whose parent is missing hangs under it).
@@ -151,7 +168,10 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
     all of them hidden counts them itself), plus up to `max_nodes` more for the children of `expanded` nodes;
     the subtrees of `collapsed` nodes are folded. A tree of more than `max_nodes` nodes is an overview: at most
     `overview_rows` rows and `breadth` children a node (besides `expanded` nodes' children). `label(id, n)`
-    is called for shown nodes only: the text of the node's first n tokens and its media (see `_media`)."""
+    is called for shown nodes only: the text of the node's first n tokens and its media (see `_media`); a node
+    longer than its label is read once more, up to THINK_SCAN_TOKENS, for its reasoning markers: `read(id, n)`
+    (default: label's text; an adapter that caches its labels passes a reader that does not), and `think_memo`
+    (an adapter's dict, the same on every call) remembers what each node held, so that is once per node."""
     assert max_nodes >= 2, "need room for the root and one group"
     by_id: dict[int, Node] = {}
     root: Node | None = None
@@ -283,6 +303,8 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
                          "like_shown": like_shown, "new": new, "hit": hit, "evicted": ev,
                          "state": "new" if new else "hit" if hit else "evicted" if ev else ""})
     _label_rows(rows, label, label_tokens, by_id)
+    _mark_reasoning(rows, read or (lambda i, n: label(i, n)[0]), label_tokens,
+                    {} if think_memo is None else think_memo)
     summary = {
         "nodes": len(live), "shown": len(rows) - groups, "groups": groups, "folded": folded,
         "overview": overview,
@@ -323,6 +345,50 @@ def _label_rows(rows: list[dict[str, Any]], label: Label, label_tokens: int, by_
         for r, d in zip(kids, shared):
             if d:
                 r["diff"] = d
+
+
+def _mark_reasoning(rows: list[dict[str, Any]], read: Callable[[int, int], str], label_tokens: int,
+                    memo: dict[Any, tuple[bool, bool, bool]]) -> None:
+    """Say which rows hold reasoning (parents come before their children in `rows`): `think_inside` when the
+    node starts inside a block its ancestors opened, `think` "all" (no answer text in it) or "part"."""
+    if len(memo) > 20 * THINK_SCAN_TOKENS:
+        memo.clear()
+    inside_at_end: dict[Any, bool] = {}
+    for row in rows:
+        if row.get("group") or row["parent"] is None:
+            continue
+        inside = inside_at_end.get(row["parent"], False)
+        if row["tokens"] <= label_tokens or row.get("state") == "evicted":  # its label is all it has
+            found = reasoning_spans(row["text"], inside)
+        else:  # a marker may lie past its label
+            key = (row["id"], row["tokens"], inside)
+            if key not in memo:
+                memo[key] = reasoning_spans(read(row["id"], min(row["tokens"], THINK_SCAN_TOKENS)), inside)
+            found = memo[key]
+        thought, closed, inside_at_end[row["id"]] = found
+        if inside:
+            row["think_inside"] = True
+        if thought:
+            row["think"] = "all" if inside and not closed else "part"
+
+
+def reasoning_spans(text: str, inside: bool) -> tuple[bool, bool, bool]:
+    """Of a node's `text` that starts inside a reasoning block or not: (whether any of it is reasoning, whether
+    a block closes in it, whether it ends inside one)."""
+    thought, closed, pos = inside, False, 0
+    while True:
+        if inside:
+            ends = [(at, m) for m in THINK_CLOSE if (at := text.find(m, pos)) >= 0]
+            if not ends:
+                return thought, closed, True
+            at, m = min(ends)
+            inside, closed, pos = False, True, at + len(m)
+        else:
+            starts = [(at, m) for m in THINK_OPEN if (at := text.find(m, pos)) >= 0]
+            if not starts:
+                return thought, closed, False
+            at, m = min(starts)
+            inside, thought, pos = True, True, at + len(m)
 
 
 def _set_text(row: dict[str, Any], text: str) -> None:

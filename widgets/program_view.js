@@ -18,7 +18,11 @@
  *                         decode_steps, forced_tokens }, tokens: [text, forced: bool, logprob | null,
  *                 [[alternative, logprob], ...] | null][] | null (the texts concatenate to `text`),
  *                 logprobs: bool, ttft: seconds (the engine's, same clock as e2e_latency) | null,
- *                 elapsed: wall seconds from gen() to its result | null, cached_chars?, cached_exact? }
+ *                 elapsed: wall seconds from gen() to its result | null, cached_chars?, cached_exact?,
+ *                 think?: (a gen inside separate_reasoning) { format: reasoning parser name, state: "start" |
+ *                   "reasoning" | "answer" (where the stream is), text: the reasoning so far (between the markers),
+ *                   tokens: its tokens (markers included), seconds: thinking time | null, end: where the answer
+ *                   starts in `text` | null (still thinking), done } }
  *   select:     { var, text (the choice), choices: [{ text, logprob, p (softmax probability), chosen }],
  *                 meta?: { prompt_tokens, cached_tokens } (over its choices' scoring), elapsed?: wall seconds }
  *   error:      { message, where, below: bool (a traceback under the view has the message: the view marks the spot) }
@@ -77,6 +81,12 @@ const PV_CSS = `
 .sgnb-pv-gen { border-radius: 3px; padding: 0 1px; border-bottom: 2px solid; }
 .sgnb-pv-var { font: 600 9.5px var(--jp-ui-font-family, sans-serif); border-radius: 3px; padding: 0 3px;
   margin-right: 2px; vertical-align: super; color: #fff; }
+.sgnb-pv-think { display: block; margin: 2px 0; border-left: 3px solid; border-radius: 3px; padding: 1px 6px;
+  background: var(--jp-layout-color2, #f6f7f9); white-space: normal; }
+.sgnb-pv-think > summary { font: 11px var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color2, #555);
+  cursor: pointer; }
+.sgnb-pv-think-text { display: block; white-space: pre-wrap; color: var(--jp-ui-font-color2, #57606a);
+  font-style: italic; }
 .sgnb-pv-live::after { content: "▍"; animation: sgnb-pv-blink 1s steps(2) infinite; }
 @keyframes sgnb-pv-blink { 50% { opacity: 0; } }
 .sgnb-pv-tok { border-radius: 2px; }
@@ -177,6 +187,7 @@ function genLines(seg) {
   if (m.completion_tokens !== undefined) lines.push(`output ${m.completion_tokens} tok: ${m.decode_steps ?? "?"} decode steps, ${m.forced_tokens ?? 0} forced by the grammar`);
   if (m.e2e_latency !== undefined) lines.push(`engine: TTFT ${fmt(seg.ttft, 3)} s, latency ${fmt(m.e2e_latency, 3)} s (from the request's arrival)`);
   if (typeof seg.elapsed === "number") lines.push(`in the program: ${fmt(seg.elapsed, 3)} s (tokenizing, queueing, grammar compile included)`);
+  if (seg.think && seg.think.end) lines.push(`reasoning: ${thinkLabel(seg.think)} (${seg.think.format})`);
   if (m.finish_reason) lines.push(`finish: ${JSON.stringify(m.finish_reason)}`);
   if (seg.where) lines.push(String(seg.where));
   return lines;
@@ -188,8 +199,34 @@ function varTag(seg, parent) {
   tag.style.background = `hsl(${hue(seg.var)} 55% 42%)`;
 }
 
-function drawGen(seg, parent, where) {
+/** "thought for 412 tokens, 3.1 s" (or "thinking… 37 tokens" while it streams). */
+function thinkLabel(think) {
+  const n = `${think.tokens ?? 0} token${think.tokens === 1 ? "" : "s"}`;
+  if (think.end === null || think.end === undefined) return `thinking… ${n}`;
+  return `thought for ${n}${typeof think.seconds === "number" ? `, ${think.seconds.toFixed(1)} s` : ""}`;
+}
+
+/** A gen's reasoning as a folded block (a click unfolds it; kept open across redraws). */
+function drawThink(seg, parent, where, ctx) {
+  const think = seg.think;
+  const det = el("details", "sgnb-pv-think", parent);
+  det.dataset.var = seg.var ?? "";
+  det.style.borderColor = `hsl(${hue(seg.var)} 55% 45%)`;
+  const key = `${where.prog}:${where.seg}`;
+  det.open = ctx.ui.thinks.get(key) ?? false;
+  det.addEventListener("toggle", () => ctx.ui.thinks.set(key, det.open));
+  const summary = el("summary", null, det, thinkLabel(think));
+  summary.title = `${seg.var ?? "the gen"}'s reasoning (${think.format}), split off by separate_reasoning`;
+  const body = el("span", "sgnb-pv-think-text", det, think.text);
+  if (think.end === null || think.end === undefined) body.classList.add("sgnb-pv-live");
+}
+
+function drawGen(seg, parent, where, ctx) {
   const h = hue(seg.var);
+  const think = seg.think;
+  // the answer starts after the reasoning (none yet while thinking); before the stream knows, the raw text
+  const from = !think || think.state === "start" ? 0 : (think.end ?? seg.text.length);
+  if (think && (from > 0 || think.state === "reasoning" || think.text)) drawThink(seg, parent, where, ctx);
   varTag(seg, parent);
   if (seg.constraint) {
     // a plain-text label: the chain glyph it had needs an emoji font that many machines lack
@@ -204,20 +241,25 @@ function drawGen(seg, parent, where) {
   span.style.color = "#1f2328";
   if (Array.isArray(seg.tokens) && seg.tokens.length) {
     // each token its own span: the card on hover tells its probability and alternatives (no title: one tooltip)
+    let pos = 0;
     seg.tokens.forEach(([text, forced, lp], i) => {
-      const t = el("span", `sgnb-pv-tok ${forced ? "forced" : "sampled"}`, span, text);
+      const at = pos;
+      pos += text.length;
+      if (pos <= from) return;  // the reasoning's: in its block
+      const t = el("span", `sgnb-pv-tok ${forced ? "forced" : "sampled"}`, span, at < from ? text.slice(from - at) : text);
       t.dataset.prog = where.prog;
       t.dataset.seg = where.seg;
       t.dataset.tok = i;
       if (typeof lp === "number") t.style.setProperty("--pc", probColour(Math.exp(lp)));
     });
     const shown = seg.tokens.map((t) => t[0]).join("");
-    if (seg.text.length > shown.length && seg.text.startsWith(shown)) el("span", null, span, seg.text.slice(shown.length));
+    if (seg.text.length > shown.length && seg.text.startsWith(shown)) el("span", null, span, seg.text.slice(Math.max(from, shown.length)));
   } else {
-    span.textContent = seg.text;
+    span.textContent = seg.text.slice(from);
     span.title = [`${seg.var ?? "(unnamed gen)"}  ${seg.rid ?? ""}`, ...genLines(seg)].join("\n");
   }
-  if (!seg.done) span.classList.add("sgnb-pv-live");
+  const thinking = think && (think.end === null || think.end === undefined) && think.state === "reasoning";
+  if (!seg.done && !thinking) span.classList.add("sgnb-pv-live");  // while it thinks, the cursor is in its block
 }
 
 function drawSelect(seg, parent) {
@@ -453,7 +495,7 @@ function drawProgram(prog, ctx, parent, depth) {
         drawText(seg, cur);
         break;
       case "gen":
-        drawGen(seg, cur, { prog: prog.id, seg: i });
+        drawGen(seg, cur, { prog: prog.id, seg: i }, ctx);
         break;
       case "select":
         drawSelect(seg, cur);
@@ -595,8 +637,8 @@ function render({ model, el: host }) {
   const root = el("div", "sgnb-pv-root", wrap);
   const card = el("div", "sgnb-pv-card", wrap);
   // what the user chose, kept across redraws: token boundaries (null: the default), tab and layout per fork
-  // group, open metrics tables
-  const ui = { tokens: null, tabs: new Map(), layouts: new Map(), tables: new Map(), last: null };
+  // group, open metrics tables and reasoning blocks
+  const ui = { tokens: null, tabs: new Map(), layouts: new Map(), tables: new Map(), thinks: new Map(), last: null };
   let frame = 0;
   const redraw = () => draw(model, root, ui, update);
   const update = () => {

@@ -37,7 +37,9 @@
  *                its "+" opens it through expandGroup), below_tokens?: int, below_state?: "new" | "hit" |
  *                "evicted" (the most notable state under it),
  *                media?: Media[] (the images / videos in its tokens, in order: drawn as thumbnail chips
- *                before the label, at most two and a "+N") }
+ *                before the label, at most two and a "+N"), think?: "all" | "part" (how much of it is a
+ *                reasoning model's thinking: its label's reasoning text is drawn apart from the answer's),
+ *                think_inside?: true (it starts inside a reasoning block an ancestor opened) }
  * Media:       { kind: "image" | "video", hash: string (short content hash), tokens: int (its tokens in this
  *                node), thumbnail: "data:image/...;base64,..." | "" | null }
  * A group row: { id: "g<parent id>", parent: int, group: true, children: int (hidden children of parent),
@@ -112,7 +114,10 @@ export const GLYPHS = {
   "\ue004": ["role", "R", "turn of another role"],
   "\ue005": ["end", "/", "end of turn"],
   "\ue006": ["special", "•", "special token"],
+  "\ue007": ["think", "θ", "reasoning starts"],
+  "\ue008": ["think_end", "/θ", "reasoning ends"],
 };
+const THINK_OPEN = "\ue007", THINK_END = "\ue008";
 
 const TREE_CSS = `
 .sgnb-rt {
@@ -203,6 +208,9 @@ const TREE_CSS = `
 .sgnb-rt tspan.role.assistant, .sgnb-rt-details .role.assistant { stroke: #1a7f37; background: #1a7f37; }
 .sgnb-rt tspan.role.tool, .sgnb-rt-details .role.tool { stroke: #9a6700; background: #9a6700; }
 .sgnb-rt tspan.role.role, .sgnb-rt-details .role.role { stroke: #57606a; background: #57606a; }
+.sgnb-rt tspan.role.think, .sgnb-rt tspan.role.think_end, .sgnb-rt-details .role.think,
+.sgnb-rt-details .role.think_end { stroke: #a0529b; background: #a0529b; }
+.sgnb-rt-node text tspan.think { font-style: italic; fill: #8a4a86; }
 .sgnb-rt tspan.role.end, .sgnb-rt tspan.role.special,
 .sgnb-rt-details .role.end, .sgnb-rt-details .role.special { stroke: #8c959f; background: #8c959f; }
 @keyframes sgnb-rt-fade { from { opacity: 1; } to { opacity: 0.45; } }
@@ -284,14 +292,18 @@ export function fitLabel(label, diff, room) {
 }
 
 /** Put `s` into the SVG text element `t`: plain runs as text, each glyph character as a role chip (a small
- * letter in a rounded coloured blob: its stroke drawn under its fill). */
-function setLabel(t, s) {
-  if (t.__label === s) return;
-  t.__label = s;
+ * letter in a rounded coloured blob: its stroke drawn under its fill); reasoning (after a think glyph, or from
+ * the start when `inThink`, up to its end glyph) in tspans of class "think". */
+function setLabel(t, s, inThink = false) {
+  const key = `${inThink ? 1 : 0}${s}`;
+  if (t.__label === key) return;
+  t.__label = key;
   t.replaceChildren();
   let run = "";
+  let thinking = inThink;
   const flush = () => {
-    if (run) t.appendChild(document.createTextNode(run));
+    if (run && thinking) svgEl("tspan", { class: "think" }, t).textContent = run;
+    else if (run) t.appendChild(document.createTextNode(run));
     run = "";
   };
   for (const ch of s) {
@@ -304,6 +316,8 @@ function setLabel(t, s) {
     flush();
     const span = svgEl("tspan", { class: `role ${g[0]}` }, t);
     span.textContent = g[1];
+    if (ch === THINK_OPEN) thinking = true;
+    else if (ch === THINK_END) thinking = false;
     run = GLYPH_PAD;
   }
   flush();
@@ -780,6 +794,7 @@ function renderTree(view) {
     if (newest !== null && row.id === newest.id) cls.push("newest");
     const media = !row.group && Array.isArray(row.media) ? row.media : [];
     if (media.length) cls.push("media");
+    if (!row.group && row.think) cls.push(`think-${row.think}`);
     const clsText = cls.join(" ");
     if (e.g.getAttribute("class") !== clsText) e.g.setAttribute("class", clsText);
     // characters that fit: the box less its padding, the chips, the padlock and (in the outline) the fold button
@@ -800,13 +815,18 @@ function renderTree(view) {
       e.fold.style.display = "none";
     } else {
       const isRoot = row.parent === null || row.parent === undefined;
-      setLabel(e.t1, isRoot ? "root" : fitLabel(row.label ?? row.text ?? "", row.diff || 0, room));
+      const shown = isRoot ? "root" : fitLabel(row.label ?? row.text ?? "", row.diff || 0, room);
+      // a label cut at its start ("…" then the part after the departure) may have lost its think glyph: the
+      // row's own word says whether the text drawn starts inside the reasoning
+      const cutInside = shown.startsWith("…") && row.think === "all";
+      setLabel(e.t1, shown, !isRoot && (!!row.think_inside || cutInside));
       const sub = subLine(row, !!row.collapsed || collapsed.has(row.id), outline || media.length ? room : 99);
       e.t2.textContent = sub.text;
       const held = media.map((m) => `\n${mediaLabel(m)}`).join("");
       const heat = row.heat && summary.max_hits ? `; heat ${row.heat}/${HEAT_LEVELS} of ${summary.max_hits} hits` : "";
       const under = e.below ? `\n${row.below} nodes below it (${row.below_tokens ?? "?"} tok${row.below_state ? `, some ${row.below_state}` : ""}), folded in this overview: + shows its children` : "";
-      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")}${heat})${held}${under}`;
+      const thought = row.think ? `; ${row.think === "all" ? "all" : "partly"} reasoning (a model's thinking)` : "";
+      e.title.textContent = isRoot ? "root" : `${String(row.text ?? "")}\n(${sub.full.join(", ")}${heat}${thought})${held}${under}`;
       e.lock.style.display = row.locked ? "" : "none";
       const foldable = (row.kids || 0) > 0 || collapsed.has(row.id);
       e.below = !!row.below && !collapsed.has(row.id);

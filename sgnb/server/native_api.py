@@ -221,6 +221,7 @@ class NativeRoutes(_Routes):
             "image_token": e.image_token,
             "video_token": e.video_token,
             "incremental_streaming_output": self.options.incremental_streaming_output,  # SGLang's server arg
+            "reasoning_parser": getattr(e, "reasoning_parser", None),  # SGLang's server arg (--reasoning-parser)
         })
 
     async def flush_cache(self, request: Request) -> Response:

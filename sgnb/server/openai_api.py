@@ -63,8 +63,9 @@ from sgnb.tools import (
 @dataclass(frozen=True)
 class _ChatJob:
     """A chat request made ready for the engine (`OpenAIRoutes._chat_job`): the prompt as text and ids, the
-    sampling values, the media, the reasoning format (None: the reply is not split), the base request id, the
-    logprob options, and the response's id, created and model."""
+    sampling values, the media, the reasoning format (None: the reply is not split), the reasoning's closing marker
+    when the reply starts by thinking (`after`: a constraint or a required tool call applies from it on), the base
+    request id, the logprob options, and the response's id, created and model."""
 
     req: ChatCompletionRequest
     plan: ToolPlan | None
@@ -73,6 +74,7 @@ class _ChatJob:
     sp: dict[str, Any]
     mm: dict[str, Any]
     fmt: ReasoningFormat | None
+    after: str | None
     base: str
     lp_kw: dict[str, Any]
     meta: dict[str, Any]
@@ -316,14 +318,17 @@ class OpenAIRoutes(_Routes):
         fmt = self._reasoning(req, text)
         template_vars = {**getattr(self.engine, "chat_template_kwargs", {}), **(req.chat_template_kwargs or {})}
         thinking_off = False in (template_vars.get(k) for k in ("enable_thinking", "thinking"))
-        if fmt is not None and not thinking_off and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
-            sp["grammar_after"] = fmt.close  # the model thinks freely; the constraint applies to the answer
+        # the reply starts with thinking: not turned off, and the template did not close an empty block itself
+        thinks = fmt is not None and not thinking_off and not text.rstrip().endswith(fmt.close)
+        after = fmt.close if thinks and fmt is not None else None
+        if after is not None and any(sp.get(k) for k in ("regex", "json_schema", "ebnf")):
+            sp["grammar_after"] = after  # the model thinks freely; the constraint applies to the answer
         _n_of({"n": req.n}, self.options.max_n)
         base = req.rid or _new_rid()
         lp_kw = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
                  "return_text_in_logprobs": True}
         meta = {"id": f"{id_prefix}{base}", "created": int(time.time()), "model": self.engine.model_name}
-        return _ChatJob(req, plan, text, input_ids, sp, mm, fmt, base, lp_kw, meta)
+        return _ChatJob(req, plan, text, input_ids, sp, mm, fmt, after, base, lp_kw, meta)
 
     async def _choice_streams(self, request: Request, job: _ChatJob) -> list[AsyncIterator[dict]]:
         """One stream of engine-like chunks per choice (the last chunk has "output_ids"). With tools, that last
@@ -333,14 +338,17 @@ class OpenAIRoutes(_Routes):
                 {"input_ids": job.input_ids, "sampling_params": s, "rid": r, **job.lp_kw, **job.mm}
                 for s, r in job.samples])
         plan = job.plan
-        if plan.mode == "required":
+        if plan.mode == "required" and job.after is not None:  # think freely, the call's grammar from the marker on
+            calls = [{"input_ids": job.input_ids, "sampling_params": {**plan.call_params(s), "grammar_after": job.after},
+                      "rid": r, **job.lp_kw, **job.mm} for s, r in job.samples]
+        elif plan.mode == "required":
             calls = [{"prompt": job.text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
                       **job.lp_kw, **job.mm} for s, r in job.samples]
         else:
             calls = [{"input_ids": job.input_ids, "sampling_params": plan.text_params(s), "rid": r, **job.lp_kw,
                       **job.mm} for s, r in job.samples]
         firsts = await self._start_streams(request, calls)
-        return [self._tool_sample(plan, job.text, first, s, r, job.lp_kw, job.mm)
+        return [self._tool_sample(plan, job.text, first, s, r, job.lp_kw, job.mm, job.after)
                 for first, (s, r) in zip(firsts, job.samples)]
 
     async def _collect_choices(self, request: Request, job: _ChatJob) -> list[tuple[str, dict]]:
@@ -361,12 +369,15 @@ class OpenAIRoutes(_Routes):
         """A chat completion that may call tools. "required" (or a named function): the reply opens with
         <tool_call> (prefilled) and is one call object constrained by the allowed functions' schemas. "auto": text
         that stops where a call opens (<tool_call>, or a bare {"name": ...} first thing), then continues as a
-        constrained call. One call per choice; a stream sends text as it comes and the call whole once decoded."""
+        constrained call. A model that thinks first (`job.after`) thinks freely and a required call's grammar
+        starts at the reasoning's closing marker (grammar_after, one request). One call per choice; a stream sends
+        text as it comes and the call whole once decoded. With a reasoning format the thinking is
+        reasoning_content."""
         req = job.req
         if not req.stream:
             results = await self._collect_choices(request, job)
             finals = [final for _, final in results]
-            choices = [{"index": k, "message": _tool_message(content, final),
+            choices = [{"index": k, "message": _tool_message(content, final, job.fmt),
                         "logprobs": _chat_logprobs(final) if req.logprobs else None, **_tool_finish(final)}
                        for k, (content, final) in enumerate(results)]
             return _json_response({**job.meta, "object": "chat.completion", "choices": choices,
@@ -375,9 +386,18 @@ class OpenAIRoutes(_Routes):
         streams = await self._choice_streams(request, job)
         head = [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for k in range(len(streams))]
+        splitters = [ReasoningStream(job.fmt) if job.fmt is not None else None for _ in streams]
 
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
             delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
+            splitter = splitters[k]
+            if splitter is not None:  # the thinking as reasoning_content, the rest as content
+                reasoning, answer = splitter.feed(chunk["text"])
+                if last:
+                    more_r, more_a = splitter.finish()
+                    reasoning, answer = reasoning + more_r, answer + more_a
+                delta = {**({"reasoning_content": reasoning} if reasoning else {}),
+                         **({"content": answer} if answer else {})}
             if last and chunk.get("tool_calls"):
                 delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
             return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
@@ -532,10 +552,12 @@ class OpenAIRoutes(_Routes):
         return tool_support(lambda m, g, **kw: tok.apply_chat_template(m, add_generation_prompt=g, **kw))
 
     async def _tool_sample(self, plan: ToolPlan, text: str, first: AsyncIterator[dict], sp: dict[str, Any],
-                           rid: str, lp_kw: dict[str, Any], mm: dict[str, Any]) -> AsyncIterator[dict]:
+                           rid: str, lp_kw: dict[str, Any], mm: dict[str, Any],
+                           after: str | None = None) -> AsyncIterator[dict]:
         """One choice as engine-like chunks: text chunks ("auto"), then a last chunk (it has "output_ids") whose
         "tool_calls" holds the parsed call, or None when the reply is text (or a call cut short by max_tokens,
-        whose raw text is then the content)."""
+        whose raw text is then the content). A required call after the reasoning (`after`: its closing marker)
+        is read from the text past the marker; the text up to it stays (the reasoning)."""
         pieces: list[str] = []
         final: dict[str, Any] = {}
         async with contextlib.aclosing(first) as chunks:  # type: ignore[type-var]
@@ -548,8 +570,9 @@ class OpenAIRoutes(_Routes):
                     yield chunk
         if plan.mode == "required":
             raw = "".join(pieces) + final["text"]
-            call = parse_call(raw, plan)
-            yield {**final, "text": "" if call else raw, "tool_calls": [call] if call else None}
+            end = raw.find(after) + len(after) if after is not None and after in raw else 0
+            call = parse_call(raw[end:].strip(), plan) if after is None or end else None
+            yield {**final, "text": raw[:end] if call else raw, "tool_calls": [call] if call else None}
             return
         opened = opened_call(final["meta_info"].get("finish_reason"))
         tagged, bare = opened == "tagged", opened == "bare"
@@ -625,11 +648,13 @@ def _reply_message(text: str, fmt: ReasoningFormat | None) -> dict[str, Any]:
     return {"role": "assistant", "content": answer, "reasoning_content": reasoning or None}
 
 
-def _tool_message(content: str, final: dict[str, Any]) -> dict[str, Any]:
+def _tool_message(content: str, final: dict[str, Any], fmt: ReasoningFormat | None = None) -> dict[str, Any]:
+    """A reply that may hold a call; with a reasoning format, its thinking as reasoning_content."""
+    message = _reply_message(content, fmt)
     calls = final.get("tool_calls")
     if not calls:
-        return {"role": "assistant", "content": content}
-    return {"role": "assistant", "content": content if content.strip() else None, "tool_calls": calls}
+        return message
+    return {**message, "content": message["content"] if message["content"].strip() else None, "tool_calls": calls}
 
 
 def _tool_finish(final: dict[str, Any]) -> dict[str, Any]:

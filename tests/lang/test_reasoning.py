@@ -185,3 +185,90 @@ def test_a_grammar_after_the_reasoning_starts_at_its_marker(engine):
     assert out["text"].startswith(marker) and out["output_ids"][:3] == free["output_ids"][:3]
     assert out["text"][len(marker):].isdigit() and len(out["text"]) - len(marker) == 4, out["text"]
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+# ---- tool calls after the reasoning ----------------------------------------------------------------------------
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+THOUGHT = "I should call the weather tool."
+# one earlier turn that thought, then called: the default model (which does not think by itself) follows it
+FEW_SHOT = [{"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": f'<think>{THOUGHT}</think>\n<tool_call>\n{{"name": "get_weather", '
+                                             '"arguments": {"city": "Paris"}}\n</tool_call>'},
+            {"role": "tool", "content": "sunny"},
+            {"role": "user", "content": "What is the weather in Rome?"}]
+
+
+def _check_weather_call(call) -> None:
+    import json
+
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_required_tool_call_comes_after_the_reasoning(reasoning_server, tool_choice):
+    """With a reasoning parser, a required call's grammar starts at the reasoning's closing marker (the engine's
+    grammar_after): the model thinks freely first (its thinking comes back as reasoning_content, whole and
+    streamed), then the call decodes under the schema."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=reasoning_server.url + "/v1", api_key="none")
+    kw = dict(model="default", messages=FEW_SHOT, tools=[WEATHER], tool_choice=tool_choice, temperature=0,
+              max_tokens=60)
+    reply = client.chat.completions.create(**kw)
+    message = reply.choices[0].message
+    assert message.reasoning_content == THOUGHT and not message.content
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (call,) = message.tool_calls
+    _check_weather_call(call.model_dump())
+    pieces, calls = {"reasoning_content": "", "content": ""}, []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            delta = c.delta.model_dump()
+            for key in pieces:
+                pieces[key] += delta.get(key) or ""
+            calls += delta.get("tool_calls") or []
+    assert pieces == {"reasoning_content": THOUGHT, "content": ""}
+    assert [c["function"] for c in calls] == [call.model_dump()["function"]]
+    # thinking turned off in the template: the call is decoded from the start, as without a parser
+    off = client.chat.completions.create(**kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.choices[0].message.reasoning_content is None
+    _check_weather_call(off.choices[0].message.tool_calls[0].model_dump())
+
+
+def test_an_auto_tool_call_after_the_reasoning_keeps_the_thinking_apart(reasoning_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=reasoning_server.url + "/v1", api_key="none")
+    reply = client.chat.completions.create(model="default", messages=FEW_SHOT, tools=[WEATHER], temperature=0,
+                                           max_tokens=60)
+    message = reply.choices[0].message
+    assert message.reasoning_content == THOUGHT and "<think>" not in (message.content or "")
+    (call,) = message.tool_calls
+    _check_weather_call(call.model_dump())
+
+
+def test_gen_tools_after_the_reasoning(backend):
+    """gen(tools=..., tool_choice="required") inside separate_reasoning: one request, free up to </think> and the
+    call's schema from there on; the thinking goes to NAME_reasoning_content, the call to the meta_info and the
+    message, and the program's variables and their events are where SGLang's frontend looks for them
+    (`state.stream_executor.variables` / `.variable_event`)."""
+    @sgl.function
+    def weather(s):
+        for m in FEW_SHOT[:2]:
+            s += {"user": sgl.user, "assistant": sgl.assistant}[m["role"]](m["content"])
+        s += sgl.tool("sunny")
+        s += sgl.user(FEW_SHOT[-1]["content"])
+        s += sgl.separate_reasoning(sgl.assistant(sgl.gen("call", tools=[WEATHER], tool_choice="required",
+                                                          max_tokens=60, temperature=0)), model_type="qwen3")
+
+    state = weather.run(backend=backend)
+    assert state["call_reasoning_content"] == THOUGHT
+    (call,) = state.tool_calls("call")
+    _check_weather_call(call)
+    assert state.text().count("<think>") == 1 and "<think>" not in state["call"]  # the earlier turn's only
+    assert state.messages()[-1]["tool_calls"] == [call]
+    executor = state.stream_executor
+    assert executor.variables["call_reasoning_content"] == THOUGHT
+    assert executor.variable_event["call"].is_set() and executor.variable_event["call_reasoning_content"].is_set()

@@ -27,11 +27,14 @@ from sgnb.sampling import (
 ENGINE_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 GEN_FIELDS = [f.name for f in dataclasses.fields(GenParams)]
 # SamplingParams fields that a gen does not set (nor does SGLang's gen): detokenization and the seed belong to the
-# request (the server's /generate and /v1 routes take them); grammar_after (a grammar held until the reasoning
-# ends) is set from the reasoning parser by separate_reasoning and `sgnb serve`, never by a user's gen
-NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed", "grammar_after"}
+# request (the server's /generate and /v1 routes take them)
+NOT_PER_GEN = {"skip_special_tokens", "no_stop_trim", "seed"}
 # gen()'s arguments that are not sampling values (tools: sgnb.tools)
 GEN_OWN = {"name", "dtype", "choices", "choices_method", "tools", "tool_choice"}
+# GenParams fields the interpreter sets, not gen(): where a tool call's grammar starts (after the reasoning)
+NOT_A_GEN_KEYWORD = {"grammar_after"}
+# SamplingParams fields that sgnb serve sets itself (from its --reasoning-parser), not read from a request
+SERVER_SET = {"grammar_after"}
 # run()'s arguments that are not sampling values
 RUN_OWN = {"self", "args", "kwargs", "batch_kwargs", "stream", "backend", "use_thread", "subscribers", "num_threads",
            "progress_bar", "frontend_hints", "generator_style"}
@@ -54,7 +57,7 @@ def test_gen_signature_is_genparams():
     """gen()'s keywords are GenParams' fields as SGLang's frontend spells them, each None (inherit) by default,
     and every one of them reaches its field."""
     keywords = _keywords(sgl.gen, GEN_OWN)
-    assert set(keywords) == {GEN_NAMES.get(f, f) for f in GEN_FIELDS}
+    assert set(keywords) == {GEN_NAMES.get(f, f) for f in GEN_FIELDS if f not in NOT_A_GEN_KEYWORD}
     assert all(p.default is None for p in keywords.values())
     values = {"max_tokens": 7, "min_tokens": 2, "stop": "x", "stop_token_ids": [5], "stop_regex": "a+",
               "temperature": 0.5, "top_p": 0.9, "top_k": 4, "min_p": 0.1, "frequency_penalty": 0.2,
@@ -131,8 +134,7 @@ def test_openai_routes_map_every_sampling_field():
     """`sgnb serve`'s /v1 requests take every SamplingParams field (by its OpenAI name; max_tokens per route)."""
     from sgnb.server.protocol import _SAMPLING_NAMES, ChatCompletionRequest, CompletionRequest
 
-    # grammar_after comes from the server's --reasoning-parser, not from a request field
-    assert set(_SAMPLING_NAMES.values()) | {"max_new_tokens", "grammar_after"} == set(ENGINE_FIELDS)
+    assert set(_SAMPLING_NAMES.values()) | {"max_new_tokens"} == set(ENGINE_FIELDS) - SERVER_SET
     wire = {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["x"], "seed": 3, "frequency_penalty": 0.1,
             "presence_penalty": 0.2, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2,
             "stop_token_ids": [7], "stop_regex": "a+", "ignore_eos": True, "skip_special_tokens": False,
@@ -180,7 +182,7 @@ def test_anthropic_refuses_what_the_messages_api_lacks():
     for name in _UNSUPPORTED:
         value = {"stop_token_ids": (1,), "stop_regex": ("a",), "regex": "a", "json_schema": "{}", "ebnf": "x",
                  "min_new_tokens": 1, "min_p": 0.5, "frequency_penalty": 0.5, "presence_penalty": 0.5,
-                 "repetition_penalty": 1.5}[name]
+                 "repetition_penalty": 1.5, "grammar_after": "</think>"}[name]
         with pytest.raises(BackendError, match=f"{name} is not available"):
             backend._request(ctx, GenParams(**{name: value}))
         assert "extra_body" not in backend._request(ctx, GenParams(**{name: SAMPLING_DEFAULTS[name]}))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browsers import open_browser
+from browsers import open_browser, shoot
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from sgnb.notebook import (
@@ -213,6 +213,8 @@ def test_snapshots_escape_text_and_draw_forks_rows_and_tiles():
             {"id": "g1", "parent": 1, "group": True, "children": 4, "count": 7, "tokens": 30}]
     tree = tree_html(rows, {"nodes": 3, "tokens": 12, "locked": 1, "finished": 2})
     assert "A list\\nof &lt;colors&gt;" in tree and "locked" in tree and "+7 nodes" in tree
+    thinking = tree_html([rows[0], {**rows[1], "think": "part"}, {**rows[2], "think": "all"}], {"nodes": 3})
+    assert "(part reasoning)</i>" in thinking and "(reasoning)</i>" in thinking and "reasoning" not in tree
     assert "&nbsp;" * 6 + "<code" in tree and "..." in tree and "2 nodes below the root" in tree
 
     stats = stats_html({"cache_hit_rate": 0.5, "kv_used": 10, "kv_total": 100, "model": "m", "device": "cpu"},
@@ -281,3 +283,53 @@ def test_a_page_from_saved_state_alone(tmp_path):
     assert _page_needs(nb) == {"requirejs": True, "mathjax": True}
     page = write_notebook(nb, tmp_path / "page.html").read_text(encoding="utf-8")
     assert "ajax/libs/require.js" in page and "ajax/libs/mathjax" in page  # what such outputs need, from the CDN
+
+
+THINK_CELLS = [
+    "%load_ext sgnb\n%sgl model smollm2",
+    '%%sgl --temperature 0.8 -o chat\ns += user("What is 2 + 2?")\ns += separate_reasoning(\n'
+    '    assistant(gen("answer", regex=r"<think>[a-z ]{5,40}</think>The answer is [0-9]", max_tokens=60)),\n'
+    '    model_type="qwen3")',
+    'import json\nprint(json.dumps({"answer": chat["answer"], "reasoning": chat["answer_reasoning_content"]}))',
+]
+
+
+@pytest.mark.slow
+def test_exports_keep_a_gens_reasoning_folded_beside_its_answer(tmp_path, chromium):
+    """A reasoning gen's view in the saved notebook and in `export_html`'s page: the static snapshot holds the
+    reasoning in a folded <details> ("thought for N tokens") and the answer marked after it; the page's script
+    draws the live view's folded block, which a click opens, with the answer beside it."""
+    nb = new_notebook(cells=[new_code_cell(c) for c in THINK_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(tmp_path / "think.ipynb"))
+    nb = execute_notebook(tmp_path / "think.ipynb", timeout=180)
+    printed = json.loads(nb.cells[-1].outputs[-1]["text"].strip().splitlines()[-1])
+    answer, reasoning = printed["answer"], printed["reasoning"]
+    assert answer.startswith("The answer is") and len(reasoning) >= 5
+    write_notebook(nb, tmp_path / "out.ipynb")
+    write_notebook(nb, tmp_path / "out.html")
+    (snapshot,) = [v["text/html"] for v in _views(nbformat.read(str(tmp_path / "out.ipynb"), as_version=4))]
+    folded = re.search(r'<details data-think="answer"[^>]*><summary[^>]*>thought for (\d+) tokens, \d+\.\d s'
+                       r'</summary><pre[^>]*>(.*?)</pre></details>', snapshot, re.S)
+    assert folded and int(folded.group(1)) > 0 and folded.group(2) == html.escape(reasoning), snapshot
+    marked = re.search(r'data-var="answer">(.*?)</b>', snapshot, re.S)
+    assert marked and marked.group(1) == html.escape(answer), "the answer is marked, the thinking is not in it"
+    refused: list[str] = []
+    with open_browser(chromium) as browser:
+        page = _open(browser, tmp_path / "out.html", refused)
+        page.wait_for_selector("html[data-sgnb-widgets]", timeout=30_000)
+        block = page.locator(".sgnb-pv-think")
+        assert block.count() == 1 and block.get_attribute("open") is None
+        assert re.fullmatch(r"thought for \d+ tokens, \d+\.\d s", block.locator("summary").inner_text())
+        assert page.locator(".sgnb-pv-gen[data-var='answer']").inner_text() == answer
+        block.locator("summary").click()
+        assert block.locator(".sgnb-pv-think-text").text_content() == reasoning
+        shoot(page.locator(".sgnb-pv").first, "reasoning-export.png")
+
+        page = _open(browser, tmp_path / "out.html", refused, javascript=False)  # the snapshot alone
+        static = page.locator(".sgnb-static-output details[data-think='answer']")
+        assert static.count() == 1 and not static.locator("pre").is_visible()
+        static.locator("summary").click()
+        assert static.locator("pre").inner_text() == reasoning
+        shoot(page.locator(".sgnb-static-output").first, "reasoning-export-static.png")
+    assert not refused, refused

@@ -191,6 +191,49 @@ def test_labels_show_where_siblings_differ_and_roles_as_chips(engine, chromium):
                 page.close()
 
 
+def test_reasoning_reads_apart_from_the_answer(engine, chromium):
+    """Three replies that think alike at first (a reasoning model's <think> block in the prompts, on the
+    default model): the think markers are chips, the reasoning text is drawn in its own style (tspan.think) up
+    to the closing chip, the answer after it plainly; a node wholly inside the block is all reasoning."""
+    from sgnb.widgets import RadixTreeView
+
+    engine.flush_cache()
+    view = RadixTreeView(engine)
+    base = engine.apply_chat_template([{"role": "user", "content": "Apples or pears?"}])
+    base += "<think>the user asks about fruit and I"
+    replies = [" like apples</think>The answer is apples.", " like pears</think>The answer is pears.",
+               " dislike them</think>Neither."]
+    engine.generate([base + r for r in replies], {"max_new_tokens": 1, "temperature": 0})
+    view.flush()
+    view.detach()
+    rows = view.nodes
+    (like,) = [r for r in rows if r["text"].strip() == "like"]
+    assert like["think"] == "all" and like["think_inside"]
+    (apples,) = [r for r in rows if "apples." in r["text"]]
+    assert apples["think"] == "part" and apples["think_inside"] and apples["parent"] == like["id"]
+    with open_browser(chromium) as browser:
+        page = Page(browser, "light", 1300)
+        try:
+            page.draw(rows, view.summary)
+            drawn = page.page.evaluate("""() => [...document.querySelectorAll('.sgnb-rt-node')].map(g =>
+              ({ title: g.querySelector('title').textContent, cls: g.getAttribute('class'),
+                 think: [...g.querySelectorAll('tspan.think')].map(t => t.textContent.trim()),
+                 chips: [...g.querySelectorAll('tspan.role')].map(t => t.getAttribute('class')),
+                 style: [...g.querySelectorAll('tspan.think')].map(t => getComputedStyle(t).fontStyle) }))""")
+            (a,) = [d for d in drawn if "apples." in d["title"]]
+            assert a["think"] == ["apples"] and "role think_end" in a["chips"] and "think-part" in a["cls"], a
+            assert set(a["style"]) == {"italic"}
+            (w,) = [d for d in drawn if d["title"].startswith(" like\n")]
+            assert w["think"] == ["like"] and "think-all" in w["cls"], w
+            # the prompt's node opens the block past its label (the system prompt fills that): marked all the same
+            (top,) = [d for d in drawn if "think-" in d["cls"] and not d["think"]]
+            assert "think-part" in top["cls"] and "You are" in top["title"], top
+            page.page.locator(".sgnb-rt").screenshot(path=str(ARTIFACTS / "tree-reasoning.png"))
+            assert not page.errors, page.errors
+        finally:
+            page.close()
+
+
 def _big_tree() -> tuple[list[Node], dict[int, str]]:
     """512 nodes: a system prompt (hit by every request), 480 one-leaf topics and 10 topics asked twice."""
     nodes = [Node(0, None, 0), Node(1, 0, 30, hits=500)]

@@ -15,6 +15,7 @@ from sgnb.widgets._tree_rows import (
     GLYPHS,
     MAX_LABEL_TOKENS,
     SIBLING_CAP,
+    THINK_SCAN_TOKENS,
     Node,
     build_rows,
     display_label,
@@ -112,6 +113,8 @@ def test_siblings_of_one_shape_become_a_few_examples_and_a_count():
     ("<|user|>\nHi<|end|>\n<|assistant|>\n", "\ue001Hi\ue005\ue002"),
     ("<|im_start|>critic\nNo.", "\ue004No."),
     ("Plain text, a < b and [x].", "Plain text, a < b and [x]."),
+    ("<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone<|im_end|>", "\ue002\ue007plan\n\ue008Done\ue005"),
+    ("[THINK]hm[/THINK]Yes", "\ue007hm\ue008Yes"),
 ])
 def test_chat_template_markers_become_role_glyphs(text, shown):
     assert display_label(text) == shown
@@ -134,12 +137,64 @@ def test_labels_say_where_siblings_part():
     assert by_id[2]["text"] == full[2] and by_id[3]["text"] == full[3]
     assert by_id[2]["diff"] == by_id[3]["diff"] == len(shared) + len("and the ")
     assert "diff" not in by_id[4] and by_id[4]["text"] == full[4][:40]
-    assert (2, MAX_LABEL_TOKENS) in asked and (3, 60) in asked and (4, 24) in asked and (4, 30) not in asked
+    assert (2, MAX_LABEL_TOKENS) in asked and (3, 60) in asked and (4, 24) in asked
+    assert asked.count((4, 30)) == 1  # once, for reasoning markers past its label: its label stays short
     # the label carries the glyphs, the text the tokens as decoded; a plain label is not sent twice
     rows, _ = build_rows([Node(0, None, 0), Node(1, 0, 5)], _labels({1: "<|im_start|>user\nHi"}))
     assert (rows[1]["text"], rows[1]["label"]) == ("<|im_start|>user\nHi", "\ue001Hi")
     rows, _ = build_rows([Node(0, None, 0), Node(1, 0, 5)], _labels({1: "Hi"}))
     assert "label" not in rows[1]
+
+
+# ---- reasoning ---------------------------------------------------------------------------------------------
+def test_rows_tell_reasoning_from_answer_through_the_path():
+    """A block opened in one node and closed in a descendant: the nodes in between are all reasoning, the one
+    that closes it part, the answer after it none; a node whose close lies past its label is read further."""
+    texts = {1: "<|im_start|>assistant\n", 2: "<think>let me see", 3: " more thought", 4: " then</think>The answer",
+             5: " and more after", 6: "No thinking here", 7: "<think>hm</think>Answer"}
+    long_close = "x" * 100 + "</think>Done"  # closes past its first 24 "tokens"
+    texts[8] = long_close
+    asked: list[tuple[int, int]] = []
+
+    def label(i: int, n: int) -> tuple[str, list]:
+        asked.append((i, n))
+        return texts[i][:n], []  # one character a token
+
+    nodes = [Node(0, None, 0), Node(1, 0, 22), Node(2, 1, 17), Node(3, 2, 13), Node(4, 2, 23), Node(5, 4, 15),
+             Node(6, 1, 16), Node(7, 1, 23), Node(8, 3, len(long_close)), Node(9, 8, 5)]
+    texts[9] = " end."
+    rows, _ = build_rows(nodes, label, label_tokens=24)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id[2]["think"] == "part" and "think_inside" not in by_id[2]  # opens: "<think>" is a marker
+    assert by_id[3]["think"] == "all" and by_id[3]["think_inside"]
+    assert by_id[4]["think"] == "part" and by_id[4]["think_inside"]
+    assert by_id[8]["think"] == "part" and (8, min(len(long_close), THINK_SCAN_TOKENS)) in asked
+    for i in (1, 5, 6, 9):
+        assert "think" not in by_id[i] and "think_inside" not in by_id[i], by_id[i]
+    assert by_id[7]["think"] == "part" and by_id[7]["label"] == "\ue007hm\ue008Answer"
+    assert (3, 13) not in asked and (6, 16) not in asked  # whole in their labels: not read again
+
+
+def test_the_tree_view_marks_a_reasoning_models_reply(engine):
+    """A real reply with a thinking block (forced by a regex on the default model) in the RadixTreeView. The
+    engine caches the prompt with the grammar's forced "<think>" as one node (its marker lies past its label:
+    read further) and the sampled rest as its child, which starts inside the block and closes it."""
+    from sgnb.widgets import RadixTreeView
+
+    engine.flush_cache()
+    view = RadixTreeView(engine, live_seconds=0.0)
+    prompt = engine.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True)
+    out = engine.generate(prompt, {"max_new_tokens": 40, "temperature": 0,
+                                   "regex": r"<think>[a-z ]{5,20}</think>The answer is [0-9]"})
+    assert out["text"].startswith("<think>")
+    view.flush()
+    opened, closed = [r for r in view.nodes if r.get("think")]
+    assert opened["think"] == "part" and "think_inside" not in opened and "<think>" not in opened["text"]
+    assert closed["parent"] == opened["id"] and closed["think"] == "part" and closed["think_inside"]
+    reasoning = out["text"][len("<think>"):out["text"].index("</think>")]
+    assert reasoning.endswith(closed["text"].split("</think>")[0])  # the sampled rest of the reasoning
+    assert GLYPHS["think_end"] in closed["label"] and closed["label"].endswith("The answer is ")
+    view.detach()
 
 
 # ---- heat --------------------------------------------------------------------------------------------------

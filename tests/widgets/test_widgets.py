@@ -161,6 +161,65 @@ def test_program_view_streams_token_by_token(runtime):
     assert len(growing) >= 3 and growing[-1] == len(story), f"the span grew in steps: {growing}"
 
 
+THINKING = r"<think>[a-z ]{5,40}</think>The answer is [0-9]"  # the default model thinks when a regex makes it
+
+
+@sgl.function
+def thinker(s, question, temperature):
+    s += sgl.user(question)
+    s += sgl.separate_reasoning(
+        sgl.assistant(sgl.gen("answer", regex=THINKING, max_tokens=60, temperature=temperature)), model_type="qwen3")
+    s += sgl.user("Thanks.")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+def test_program_view_folds_a_gens_reasoning(runtime, stream):
+    """A gen inside separate_reasoning carries its reasoning apart from its answer: the text between the markers
+    (the same as NAME_reasoning_content), its token count (markers included, up to where the answer starts) and
+    its time; streamed, the reasoning grows piece by piece before the answer starts."""
+    view = ProgramView()
+    seen: list[tuple[str, object]] = []  # (reasoning so far, where the answer starts) per sync
+
+    def record(change):
+        for p in change["new"]:
+            for g in segs(p, "gen"):
+                if "think" in g:
+                    seen.append((g["think"]["text"], g["think"]["end"]))
+
+    view.observe(record, names=["programs"])
+
+    def at_once(event):  # a sync per event (the view's own ticker would merge pieces that come fast)
+        view.on_event(event)
+        view.flush()
+
+    state = thinker.run("What is 2 + 3?", 0.8, backend=runtime, stream=stream, subscribers=[at_once])
+    state.sync()
+    settle(view)
+    (gen,) = segs(view.programs[0], "gen")
+    think = gen["think"]
+    reasoning = state["answer_reasoning_content"]
+    assert len(reasoning) >= 5 and state["answer"].startswith("The answer is")
+    assert think["format"] == "qwen3" and think["done"] and think["text"] == reasoning
+    assert gen["text"] == f"<think>{reasoning}</think>{state['answer']}"  # the raw reply, as the model wrote it
+    assert gen["text"][think["end"]:] == state["answer"]
+    tokens = gen["tokens"]
+    assert tokens and think["tokens"] == len([t for t in _starts(tokens) if t < think["end"]])
+    assert 0 < think["tokens"] < gen["meta"]["completion_tokens"]
+    assert 0 < think["seconds"] <= gen["meta"]["e2e_latency"] + 1e-6
+    if stream:
+        partial = [t for t, end in seen if end is None and t]
+        assert len(set(partial)) >= 2, f"the reasoning streamed in pieces: {sorted(set(partial))}"
+        assert all(reasoning.startswith(t) for t in partial)
+
+
+def _starts(tokens: list) -> list[int]:
+    out, pos = [], 0
+    for part, *_ in tokens:
+        out.append(pos)
+        pos += len(part)
+    return out
+
+
 def test_program_view_throttles_updates():
     """2,000 events from 4 threads in about half a second become a handful of messages."""
     view = ProgramView()

@@ -19,7 +19,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from browsers import ARTIFACTS, ORIGIN, ROOT, jupyter_server, open_browser, run_all_cells, write_notebook
+from browsers import (
+    ARTIFACTS,
+    ORIGIN,
+    ROOT,
+    jupyter_server,
+    open_browser,
+    run_all_cells,
+    shoot,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -333,3 +342,80 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     assert len([n for n in tales if n > 0]) >= 4, f"the %%sgl view streamed: {tales}"
     generated = {int(m) for h in seen["heads"] for m in re.findall(r"(\d+) generated", h)}
     assert len(generated) >= 3 and max(generated) == 40, f"the header counted as it went: {sorted(generated)}"
+
+
+# a reasoning gen (notebooks/reasoning.ipynb's form, sampled and at least 20 characters long, so that the thinking
+# has words to stream over several of the view's updates)
+THINK_NOTEBOOK = [
+    """\
+import json, time
+import sgnb as sgl
+from sgnb.engine import Engine
+from sgnb.widgets import ProgramView
+runtime = sgl.Runtime(engine=Engine("smollm2"))""",
+    """\
+@sgl.function
+def thinker(s):
+    s += sgl.user("What is 2 + 3?")
+    s += sgl.separate_reasoning(sgl.assistant(sgl.gen(
+        "answer", regex=r"<think>[a-z ]{20,60}</think>The answer is [0-9]", max_tokens=80, temperature=0.8)),
+        model_type="qwen3")
+
+view = ProgramView(title="thinker")
+display(view)
+time.sleep(2)  # the view is drawn before the program starts
+state = view.run(thinker, backend=runtime, stream=True)
+state.sync()
+time.sleep(0.3)
+view.flush()
+print(json.dumps({"answer": state["answer"], "reasoning": state["answer_reasoning_content"]}))""",
+]
+
+RECORD_THINK = """() => {
+  window.sgnbThink = [];
+  new MutationObserver(() => {
+    const t = document.querySelector(".sgnb-pv-think .sgnb-pv-think-text");
+    const s = document.querySelector(".sgnb-pv-think > summary");
+    if (t) window.sgnbThink.push([t.textContent, s ? s.textContent : ""]);
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_live_reasoning_block_streams_folded_and_unfolds_on_a_click(chromium, tmp_path):
+    """In JupyterLab: a gen inside separate_reasoning shows its reasoning as a folded block whose text grows while
+    the model thinks ("thinking… N tokens"), then "thought for N tokens, S s" with the answer beside it; a click on
+    the block shows the reasoning."""
+    write_notebook(tmp_path / "think.ipynb", THINK_NOTEBOOK)
+    # settings of its own: no "fetch news?" toast over the view
+    with jupyter_server(tmp_path, settings={}) as url, open_browser(chromium) as browser:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(url + "/lab/tree/think.ipynb?reset")
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.evaluate(RECORD_THINK)
+        run_all_cells(page)
+        try:
+            page.wait_for_selector(".sgnb-pv-status.done", timeout=180_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            page.wait_for_function("document.querySelector('.jp-OutputArea-output pre')?.textContent"
+                                   ".includes('reasoning')", timeout=30_000)
+        except Exception:
+            shoot(page, "reasoning-live-failed.png", full_page=True)
+            raise
+        printed = json.loads([t for t in page.locator(".jp-OutputArea-output pre").all_inner_texts()
+                              if '"reasoning"' in t][-1].strip().splitlines()[-1])
+        block = page.locator(".sgnb-pv-think")
+        assert block.count() == 1 and block.get_attribute("open") is None, "the reasoning starts folded"
+        summary = block.locator("summary").inner_text()
+        assert re.fullmatch(r"thought for \d+ tokens, \d+\.\d s", summary), summary
+        text = block.locator(".sgnb-pv-think-text")
+        assert not text.is_visible()
+        assert page.locator(".sgnb-pv-gen[data-var='answer']").inner_text() == printed["answer"]
+        shoot(page.locator(".sgnb-pv"), "reasoning-folded.png")
+        block.locator("summary").click()
+        text.wait_for(state="visible", timeout=5_000)
+        assert text.inner_text() == printed["reasoning"].strip() or text.text_content() == printed["reasoning"]
+        shoot(page.locator(".sgnb-pv"), "reasoning-unfolded.png")
+        seen = page.evaluate("window.sgnbThink")
+    partial = {t for t, s in seen if s.startswith("thinking") and t}
+    assert len(partial) >= 2, f"the reasoning streamed into its block: {sorted(partial)}"
+    assert all(printed["reasoning"].startswith(t) for t in partial)
