@@ -190,10 +190,9 @@ class Engine:
             except BaseException:
                 self.shutdown()
                 raise
-            # and the structured-output compiler, off the start's path: xgrammar's tokenizer tables take ~1 s
-            # (0.8 s for SmolLM2's 49k-token vocabulary on a 2-core EPYC) that the first regex or JSON request
-            # would otherwise wait for (on the H200's host a suite child's first constrained round idled ~2.6 s
-            # behind that and the grammar's compile); a request arriving meanwhile waits on the same lock
+            # and the structured-output compiler, off the start's path: xgrammar's tokenizer tables take about a
+            # second that the first regex or JSON request would otherwise wait for; a request arriving meanwhile
+            # waits on the same lock
             if importlib.util.find_spec("xgrammar") is not None:
                 threading.Thread(target=self._prebuild_grammar, name="sgnb-grammar-prebuild", daemon=True).start()
         self.load_seconds = time.perf_counter() - t0

@@ -857,9 +857,9 @@ def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: li
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
     """On a GPU our Triton kernel (sgnb.kernels.bitmask: one launch, no (B, V) temporaries). On CPU xgrammar's
-    kernel: (1 thread, V=49152) it is ~3x faster than the torch unpack on permissive masks (free text: the states where jump-forward cannot help and tokens are really sampled;
-    0.09 vs 0.25 ms at B=1, 1.4 vs 4.1 ms at B=16) and up to ~2x slower on restrictive ones at B >= 4
-    (0.24 vs 0.19 ms at B=1, 3.8 vs 2.0 ms at B=16); it also makes no (B, V) temporaries."""
+    kernel: faster than the torch unpack on permissive masks (free text: the states where jump-forward cannot help
+    and tokens are really sampled), slower on restrictive ones at B >= 4 (benchmarks/results/NOTES.md); it also
+    makes no (B, V) temporaries."""
     if logits.is_cuda:
         from sgnb.kernels.bitmask import apply_token_bitmask
 

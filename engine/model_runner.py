@@ -164,7 +164,7 @@ class ModelRunner:
         reserved = 0
         if self.device.type == "cuda":
             # the baseline without the cached blocks of loading's temporaries: capture empties the cache, so
-            # measured against a full one the graphs' memory came out negative (-12 GiB on the H200)
+            # measured against a full one the graphs' memory would come out negative
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             reserved = torch.cuda.memory_reserved(self.device)

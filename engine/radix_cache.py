@@ -17,7 +17,7 @@ Only the scheduler thread mutates the tree; `snapshot` may be called from elsewh
 `host_seconds` sums the CPU time of the calling thread inside the operations the scheduler calls (match, insert,
 locks, hits, evict): the cache's own host cost, which benchmarks set against a workload's wall time. Thread CPU
 time, not wall time: with program threads beside the scheduler, wall time inside an operation also counts waits
-for the GIL while other threads run (2026-12-03: 0.39-0.46 s of wall time in serving_trace on the H200).
+for the GIL while other threads run.
 """
 
 from __future__ import annotations

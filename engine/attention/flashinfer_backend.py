@@ -22,9 +22,9 @@ from sgnb.engine.attention.base import AttentionBackend, AttentionLayer
 from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.engine.kv_pool import KVCache
 
-# FlashInfer's float workspace holds the split-KV partial outputs of a plan (fp32, per query row and head): a
-# 128 MiB one was suspected of overflowing on 8 x 1,024-token prefills of the 7B shape (2026-12-02: illegal memory
-# access, not yet reproduced in isolation); 384 MiB is what SGLang allocates
+# FlashInfer's float workspace holds the split-KV partial outputs of a plan (fp32, per query row and head), so
+# big prefill batches need a big one (a smaller one is suspected of an illegal memory access: NOTES.md); 384 MiB
+# is what SGLang allocates
 WORKSPACE_BYTES = 384 << 20
 
 
