@@ -16,6 +16,7 @@ has more rows) are blank too, so they are masked.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import os
@@ -145,7 +146,7 @@ class GrammarBackend:
             self._waiters[key] = self._waiters.get(key, 0) + 1
             fut = pool.submit(self._compile_wanted, kind, source)
             self._cache[key] = fut
-        fut.add_done_callback(lambda f, key=key: self._settle(key, f))
+        fut.add_done_callback(functools.partial(self._settle, key))
         return fut
 
     def release(self, kind: str, source: str) -> None:
@@ -550,6 +551,7 @@ class TokenVocab:
     def single_byte_ids(self) -> np.ndarray:
         """For each byte value the id whose bytes are that byte alone (-1 where none is)."""
         _ = self.last_bytes
+        assert self._single is not None  # last_bytes built it
         return self._single
 
     def extenders(self, token_id: int) -> np.ndarray:

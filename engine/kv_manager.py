@@ -69,6 +69,7 @@ class KVManager:
         there. Raises, with nothing changed, when they are not in the tree (the lender failed): the caller
         fails the request, whose release then frees only its own slots."""
         n = req.cached_len + req.borrowed
+        assert req.req_pool_idx is not None  # admitted: it holds a row
         match = self.tree.match_prefix(req.fill_view()[:n])
         if len(match.indices) < n:
             raise RuntimeError("the request of this batch whose prompt this one shared failed before caching it")
@@ -102,6 +103,7 @@ class KVManager:
         if self.tree.disable:
             return
         row = req.req_pool_idx
+        assert row is not None  # admitted: it holds a row
         slots = self.req_pool.req_to_token[row, : req.kv_len]
         key = req.fill_ids[: req.kv_len]
         present, node = self.tree.insert_path(key, slots, req.rid)

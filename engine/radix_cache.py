@@ -269,10 +269,11 @@ class RadixCache:
             at = {id(n): i for i, n in enumerate(path)}
             deepest = len(path) - 1
             for node in nodes[1:]:
-                walk = node
-                while id(walk) not in at:  # the root is always there
-                    walk = walk.parent  # type: ignore[assignment]
-                deepest = min(deepest, at[id(walk)])
+                up = node
+                while id(up) not in at:
+                    assert up.parent is not None  # the root is in `at`
+                    up = up.parent
+                deepest = min(deepest, at[id(up)])
                 if deepest == 0:
                     return 0
             return sum(len(n) for n in path[1: deepest + 1])
@@ -313,7 +314,7 @@ class RadixCache:
             stack = [self.root]
             while stack:
                 node = stack.pop()
-                entry = {
+                entry: dict[str, Any] = {
                     "id": node.id,
                     "parent": node.parent.id if node.parent is not None else None,
                     "tokens": len(node),

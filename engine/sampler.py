@@ -134,4 +134,4 @@ def sample_on_device(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, 
         k = max(top_nums)
         if k > 0:
             top = logprobs_all.topk(k, dim=-1)
-    return DeviceSample(chosen, token_lp, tuple(top) if top is not None else None, top_nums)
+    return DeviceSample(chosen, token_lp, (top.values, top.indices) if top is not None else None, top_nums)
