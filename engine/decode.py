@@ -30,6 +30,8 @@ log = logging.getLogger("sgnb.engine")
 class DecodeRounds:
     """Scheduler's decode rounds: `_run_decode` steps every running request, overlapped where it can be."""
 
+    _pending: PendingStep | None  # a decode step whose tokens are still on the device (Scheduler sets it)
+
     def _run_decode(self: Scheduler) -> None:
         t0 = time.perf_counter()
         self._decode_round()

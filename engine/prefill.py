@@ -39,7 +39,8 @@ class PrefillRounds:
                 break
         chunked = self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new requests
         stuck = bool(chunked) and not adder.add_continuation(chunked[0], chunk=True)
-        compiling, admitted = False, []
+        compiling = False
+        admitted: list[Req] = []
         for req in [] if stuck else order_waiting(self.config.schedule_policy, self.waiting, self.tree):
             if adder.full or len(self.active) + len(admitted) >= self.config.max_running_requests:
                 break

@@ -11,7 +11,7 @@ Torch-free: the server imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 
 @dataclass
@@ -81,6 +81,14 @@ def per_prompt(value: Any, count: int, name: str) -> list[Any]:
 def sample_rids(base: str, n: int) -> list[str]:
     """The engine's names for the n samples of a request named base: base itself, or base-0 .. base-(n-1)."""
     return [base] if n == 1 else [f"{base}-{j}" for j in range(n)]
+
+
+@overload
+def sample_seed(seed: int, j: int) -> int: ...
+
+
+@overload
+def sample_seed(seed: None, j: int) -> None: ...
 
 
 def sample_seed(seed: int | None, j: int) -> int | None:

@@ -501,7 +501,7 @@ class _Worker:
             else:
                 logits = out.cpu().numpy()  # (rows, vocab) float32, C-contiguous
                 conn.send_bytes(_dumps(("tensor", logits.shape)))
-                conn.send_bytes(memoryview(logits))
+                conn.send_bytes(logits)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__ before 3.12
 
     def forward(self, p: dict[str, Any]) -> torch.Tensor | None:
         assert self.req_to_token is not None and self.kv_cache is not None

@@ -308,9 +308,10 @@ class LlamaForCausalLM(nn.Module):
         layers = cast("list[DecoderLayer]", list(self.model.layers) if ok else [])
         for i, layer in enumerate(layers):
             a, m = cast(Attention, layer.self_attn), cast(MLP, layer.mlp)  # plain layers: _native_layers
-            fields = [native.linear_fields(lin) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            found = [native.linear_fields(lin) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            fields = [f for f in found if f is not None]
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if (None in fields or any(lin.bias is not None for lin in (a.o_proj, m.gate_up_proj, m.down_proj))
+            if (len(fields) < len(found) or any(lin.bias is not None for lin in (a.o_proj, m.gate_up_proj, m.down_proj))
                     or any(n.dtype != torch.float32 for n in norms)
                     or layer.input_layernorm.eps != self.model.norm.eps
                     or layer.post_attention_layernorm.eps != self.model.norm.eps):
