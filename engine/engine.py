@@ -271,7 +271,7 @@ class Engine:
             assert input_ids is not None  # exactly one of them
             if isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
                 raise ValueError("input_ids must be a list of ints")
-            ids = [int(t) for t in input_ids]  # type: ignore[union-attr]
+            ids = [int(t) for t in input_ids]
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
@@ -429,7 +429,7 @@ class Engine:
                 if not isinstance(item.rid, str):
                     raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
                 _check_unicode(item.rid, "rid")
-            ids = self._tokens(item.prompt, item.input_ids)  # type: ignore[arg-type]
+            ids = self._tokens(item.prompt, item.input_ids)
             ids, placements = self._with_media(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None

@@ -152,7 +152,7 @@ class KVManager:
         if any(n is None for n in nodes):
             return 0
         limit = min(r.cached_len for r in reqs)
-        return min(self.tree.common_prefix_depth(nodes), limit)  # type: ignore[arg-type]
+        return min(self.tree.common_prefix_depth(nodes), limit)
 
     def group_by_prefix(self, reqs: list[Req], min_shared: int) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Group requests that share at least `min_shared` leading slots (their locked tree nodes' common path):
@@ -174,7 +174,7 @@ class KVManager:
             if len(members) < 2:
                 alone.extend(members)
                 continue
-            shared = min(self.tree.common_prefix_depth([reqs[i].last_node for i in members]),  # type: ignore[misc]
+            shared = min(self.tree.common_prefix_depth([reqs[i].last_node for i in members]),
                          min(reqs[i].cached_len for i in members))
             groups.append((len(order), len(members), shared))
             order.extend(members)
