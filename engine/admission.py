@@ -65,6 +65,8 @@ class PrefillAdder:
         self.kv = kv
         self.tree = tree
         self.budget = config.max_prefill_tokens
+        assert config.chunked_prefill_size is not None, "the engine resolves the device's default at start"
+        self.chunk_size: int = config.chunked_prefill_size
         self.reserved = reserved
         self.ratio = new_token_ratio
         self.items: list[PrefillItem] = []
@@ -82,7 +84,7 @@ class PrefillAdder:
         """An admitted request's next tokens (it already holds its row, prefix and lock): all of them, or with
         chunk=True at most a chunk. False when they do not fit now."""
         left = req.fill_len - req.kv_len
-        ext = min(left, self.budget, self.config.chunked_prefill_size) if chunk else left
+        ext = min(left, self.budget, self.chunk_size) if chunk else left
         if ext <= 0 or ext > self.budget or not self.kv.alloc_extend(req, ext):
             return False
         self._take(req, ext, finishes=ext == left, forced=not chunk)
@@ -107,7 +109,7 @@ class PrefillAdder:
             if key in self._deferred:
                 return Added.SKIP
             self._deferred.add(key)
-        ext = min(total, self.budget, self.config.chunked_prefill_size)
+        ext = min(total, self.budget, self.chunk_size)
         if ext < total and self.chunked is not None:
             return Added.SKIP
         need = ext + (reserve(req, self.ratio) if ext == total else 0)

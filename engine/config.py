@@ -32,9 +32,9 @@ class EngineConfig:
     context_length: int | None = None  # None -> the model's max_position_embeddings
     max_running_requests: int = 256
     max_prefill_tokens: int = 8192  # tokens per prefill batch
-    # a longer extend is split into chunks of this many tokens; None -> 2048 on the CPU, 8192 on CUDA (an H200
-    # computed a fresh 8k prompt at 36.7k tok/s in one chunk against 34.5k in four, 2026-12-03; SGLang also
-    # takes 8192 for GPUs of this memory class). A bigger chunk holds running decodes for one longer forward.
+    # a longer extend is split into chunks of this many tokens; None -> 2048 on the CPU, 8192 on CUDA (one big
+    # chunk computes a fresh prompt faster than several: NOTES.md; SGLang also takes 8192 for GPUs of this memory
+    # class). A bigger chunk holds running decodes for one longer forward.
     chunked_prefill_size: int | None = None
     schedule_policy: str = "lpm"
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS

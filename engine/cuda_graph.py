@@ -219,9 +219,9 @@ class _StaticExtend:
 
 class ExtendGraphs:
     """Captured extend forwards (prefill chunks, mixed batches, jump-forward extends) for token budgets 16, 32,
-    ..., max_tokens. Outside a graph a 7B forward costs 16-22 ms of host time whatever its size (measured on the
-    H200: ~40 us per Triton launch, ~10 launches a layer), so a program's many small prefills (a new turn, a
-    select's choices, a fork's branches) ran at that rate even though each needs ~3-5 ms of the GPU.
+    ..., max_tokens. Outside a graph a forward's host cost (tens of microseconds per kernel launch, ~10 launches a
+    layer) exceeds what a small extend needs of the GPU, so a program's many small prefills (a new turn, a
+    select's choices, a fork's branches) would run at the host's rate.
 
     A batch of T tokens from B requests replays the smallest budget >= T. Its attention runs over a fixed grid
     through a block table (kernels/extend_attention.extend_blocks), so the captured launch serves any split of

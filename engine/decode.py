@@ -30,6 +30,8 @@ log = logging.getLogger("sgnb.engine")
 class DecodeRounds:
     """Scheduler's decode rounds: `_run_decode` steps every running request, overlapped where it can be."""
 
+    _pending: PendingStep | None  # a decode step whose tokens are still on the device (Scheduler sets it)
+
     def _run_decode(self: Scheduler) -> None:
         t0 = time.perf_counter()
         self._decode_round()
@@ -146,7 +148,7 @@ class DecodeRounds:
         self.kv.write_next(reqs, slots)
         rows, kv_lens = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
         return BatchSpec(input_ids=input_ids, out_cache_loc=slots, req_pool_indices=rows,  # type: ignore[arg-type]
-                         prefix_lens=kv_lens, extend_lens=[1] * len(reqs), groups=groups,  # type: ignore[arg-type]
+                         prefix_lens=kv_lens, extend_lens=[1] * len(reqs), groups=groups,
                          input_ids_device=input_ids_device)
 
     def _make_room_for_decode(self: Scheduler) -> None:

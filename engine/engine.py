@@ -190,10 +190,9 @@ class Engine:
             except BaseException:
                 self.shutdown()
                 raise
-            # and the structured-output compiler, off the start's path: xgrammar's tokenizer tables take ~1 s
-            # (0.8 s for SmolLM2's 49k-token vocabulary on a 2-core EPYC) that the first regex or JSON request
-            # would otherwise wait for (on the H200's host a suite child's first constrained round idled ~2.6 s
-            # behind that and the grammar's compile); a request arriving meanwhile waits on the same lock
+            # and the structured-output compiler, off the start's path: xgrammar's tokenizer tables take about a
+            # second that the first regex or JSON request would otherwise wait for; a request arriving meanwhile
+            # waits on the same lock
             if importlib.util.find_spec("xgrammar") is not None:
                 threading.Thread(target=self._prebuild_grammar, name="sgnb-grammar-prebuild", daemon=True).start()
         self.load_seconds = time.perf_counter() - t0
@@ -269,9 +268,10 @@ class Engine:
                        "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
                        if self.source.dummy else ""))
         else:
+            assert input_ids is not None  # exactly one of them
             if isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
                 raise ValueError("input_ids must be a list of ints")
-            ids = [int(t) for t in input_ids]  # type: ignore[union-attr]
+            ids = [int(t) for t in input_ids]
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
@@ -296,6 +296,7 @@ class Engine:
         """The tokenizer must turn the image (video) token text into the model's image (video) token id; a dummy
         model's borrowed tokenizer gets them added."""
         vs = self.vision
+        assert vs is not None  # called for multimodal models only
         for text, want in ((vs.image_token, vs.image_token_index), (vs.video_token, vs.video_token_index)):
             if text is None or want is None:
                 continue
@@ -380,6 +381,7 @@ class Engine:
         from sgnb.engine.media import expand, pad_id
 
         vs = self.vision
+        assert vs is not None  # media were given and checked against the model
         ids, placements = expand(ids, items, vs.image_token_index, vs.video_token_index, vs.image_token,
                                  vs.video_token)
         limit = min(self.context_length, self.runner.kv_pool.size)
@@ -427,7 +429,7 @@ class Engine:
                 if not isinstance(item.rid, str):
                     raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
                 _check_unicode(item.rid, "rid")
-            ids = self._tokens(item.prompt, item.input_ids)  # type: ignore[arg-type]
+            ids = self._tokens(item.prompt, item.input_ids)
             ids, placements = self._with_media(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None
@@ -585,7 +587,8 @@ class Engine:
 
     # ---- grammars: compiled before their requests are submitted, within grammar_compile_timeout
     def _grammars(self, reqs: list[Req]) -> dict[tuple[str, str], Any]:
-        return {r.grammar_key: r.grammar_future for r in reqs if r.grammar_future is not None}
+        return {r.grammar_key: r.grammar_future for r in reqs
+                if r.grammar_future is not None and r.grammar_key is not None}
 
     def _compile_outcome(self, grammars: dict[tuple[str, str], Any]) -> None:
         """Raise what a compile raised (its ValueError), or the timeout's ValueError for one still running."""
@@ -645,7 +648,7 @@ class Engine:
         for req, fut in zip(reqs, futures):
             def notify(r: Req, fut: asyncio.Future = fut) -> None:
                 if r.finished:
-                    loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(r))
+                    loop.call_soon_threadsafe(_set_once, fut, r)
             req.on_update = notify
         self.scheduler.submit(*reqs)
         try:
@@ -658,7 +661,11 @@ class Engine:
 
     async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
         chunks: asyncio.Queue = asyncio.Queue()
-        req.on_update = lambda r: loop.call_soon_threadsafe(chunks.put_nowait, None)  # a wake-up: read req
+
+        def wake(r: Req) -> None:  # a wake-up: read req
+            loop.call_soon_threadsafe(chunks.put_nowait, None)
+
+        req.on_update = wake
         self.scheduler.submit(req)
         sent = 0
         try:
@@ -725,7 +732,9 @@ class Engine:
 
     def key_text(self, ids: list[int]) -> str:
         """A radix key as text: an image's (video's) run of pad ids reads "[image]" ("[video]")."""
-        parts, run, last_pad = [], [], None
+        parts: list[str] = []
+        run: list[int] = []
+        last_pad = None
         for t in ids:
             if is_pad(t):
                 if run:
@@ -1040,10 +1049,16 @@ def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
     return max(end, 0)
 
 
+def _set_once(fut: asyncio.Future, value: Any) -> None:
+    """fut's result, unless it has one (on its loop's thread)."""
+    if not fut.done():
+        fut.set_result(value)
+
+
 def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
     """Resolve an asyncio future from any thread (nothing when its loop closed meanwhile)."""
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+        loop.call_soon_threadsafe(_set_once, fut, None)
 
 
 def _check_unicode(text: str, name: str) -> None:

@@ -206,8 +206,11 @@ class Finishing:
         if has_stop(text, sp.stop, sp.stop_regex, req.stop_scan):
             self._set_text(req)  # the exact text (the incremental one may hold back a partial character)
             start = regex_window_start(req.stop_scan)
-            exact = req.text if first_stop(req.text, sp.stop, sp.stop_regex, start) else text
-            pos, matched = first_stop(exact, sp.stop, sp.stop_regex, start)  # type: ignore[misc]
+            found = first_stop(req.text, sp.stop, sp.stop_regex, start)
+            exact = req.text if found else text
+            found = found or first_stop(exact, sp.stop, sp.stop_regex, start)
+            assert found is not None  # has_stop saw one in `text`
+            pos, matched = found
             req.text = exact if sp.no_stop_trim else exact[:pos]
             self._finish(req, {"type": "stop", "matched": matched})
             return True

@@ -98,9 +98,8 @@ class BatchSpec:
 # Triton specializes a kernel on each pointer argument's 16-byte alignment, so a view starting at an odd int64
 # offset of the shared buffer compiles another variant of every kernel reading it. With the segments packed end
 # to end, the alignment of qo_indptr and prefix_lens followed the batch size's parity and that of positions the
-# token count's, so the first eager forward of a new parity could compile kernels inside a program's timing (on
-# the H200 compiles inside the timing made json_jump_forward 0.80x with the radix cache on; the ones seen there
-# after this change were the warm-up's gap, engine/warmup.py EAGER_BATCHES). Every segment starts 16-byte aligned.
+# token count's, so the first eager forward of a new parity could compile kernels inside a program's timing
+# (benchmarks/results/NOTES.md). Every segment starts 16-byte aligned.
 ALIGN_INT64 = 2  # int64 elements per 16 bytes
 
 

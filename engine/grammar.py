@@ -16,6 +16,7 @@ has more rows) are blank too, so they are masked.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import os
@@ -145,7 +146,7 @@ class GrammarBackend:
             self._waiters[key] = self._waiters.get(key, 0) + 1
             fut = pool.submit(self._compile_wanted, kind, source)
             self._cache[key] = fut
-        fut.add_done_callback(lambda f, key=key: self._settle(key, f))
+        fut.add_done_callback(functools.partial(self._settle, key))
         return fut
 
     def release(self, kind: str, source: str) -> None:
@@ -550,6 +551,7 @@ class TokenVocab:
     def single_byte_ids(self) -> np.ndarray:
         """For each byte value the id whose bytes are that byte alone (-1 where none is)."""
         _ = self.last_bytes
+        assert self._single is not None  # last_bytes built it
         return self._single
 
     def extenders(self, token_id: int) -> np.ndarray:
@@ -857,9 +859,9 @@ def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: li
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
     """On a GPU our Triton kernel (sgnb.kernels.bitmask: one launch, no (B, V) temporaries). On CPU xgrammar's
-    kernel: (1 thread, V=49152) it is ~3x faster than the torch unpack on permissive masks (free text: the states where jump-forward cannot help and tokens are really sampled;
-    0.09 vs 0.25 ms at B=1, 1.4 vs 4.1 ms at B=16) and up to ~2x slower on restrictive ones at B >= 4
-    (0.24 vs 0.19 ms at B=1, 3.8 vs 2.0 ms at B=16); it also makes no (B, V) temporaries."""
+    kernel: faster than the torch unpack on permissive masks (free text: the states where jump-forward cannot help
+    and tokens are really sampled), slower on restrictive ones at B >= 4 (benchmarks/results/NOTES.md); it also
+    makes no (B, V) temporaries."""
     if logits.is_cuda:
         from sgnb.kernels.bitmask import apply_token_bitmask
 

@@ -69,6 +69,7 @@ class KVManager:
         there. Raises, with nothing changed, when they are not in the tree (the lender failed): the caller
         fails the request, whose release then frees only its own slots."""
         n = req.cached_len + req.borrowed
+        assert req.req_pool_idx is not None  # admitted: it holds a row
         match = self.tree.match_prefix(req.fill_view()[:n])
         if len(match.indices) < n:
             raise RuntimeError("the request of this batch whose prompt this one shared failed before caching it")
@@ -102,6 +103,7 @@ class KVManager:
         if self.tree.disable:
             return
         row = req.req_pool_idx
+        assert row is not None  # admitted: it holds a row
         slots = self.req_pool.req_to_token[row, : req.kv_len]
         key = req.fill_ids[: req.kv_len]
         present, node = self.tree.insert_path(key, slots, req.rid)
@@ -150,7 +152,7 @@ class KVManager:
         if any(n is None for n in nodes):
             return 0
         limit = min(r.cached_len for r in reqs)
-        return min(self.tree.common_prefix_depth(nodes), limit)  # type: ignore[arg-type]
+        return min(self.tree.common_prefix_depth(nodes), limit)
 
     def group_by_prefix(self, reqs: list[Req], min_shared: int) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Group requests that share at least `min_shared` leading slots (their locked tree nodes' common path):
@@ -172,7 +174,7 @@ class KVManager:
             if len(members) < 2:
                 alone.extend(members)
                 continue
-            shared = min(self.tree.common_prefix_depth([reqs[i].last_node for i in members]),  # type: ignore[misc]
+            shared = min(self.tree.common_prefix_depth([reqs[i].last_node for i in members]),
                          min(reqs[i].cached_len for i in members))
             groups.append((len(order), len(members), shared))
             order.extend(members)

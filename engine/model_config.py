@@ -498,7 +498,8 @@ class ModelConfig:
         if gemma and "full_attention" in rope_params:
             local_params = dict(rope_params.get("sliding_attention") or {})
             rope_params = dict(rope_params.get("full_attention") or {})
-        rope_theta = d.get("rope_theta", rope_params.pop("rope_theta", 1_000_000.0 if gemma else 10000.0))
+        theta: Any = d.get("rope_theta", rope_params.pop("rope_theta", 1_000_000.0 if gemma else 10000.0))
+        rope_theta = float(theta)
         scaling = d.get("rope_scaling") or rope_params or None
         rope_local_theta = None
         if gemma:
@@ -543,7 +544,7 @@ class ModelConfig:
             num_key_value_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
+            rope_theta=rope_theta,
             rope_scaling=None if scaling is None else tuple(scaling.items()),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),

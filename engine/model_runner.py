@@ -147,8 +147,10 @@ class ModelRunner:
         self.context_length = config.context_length or mcfg.max_position_embeddings
 
         quantization = resolve_quantization(config.quantization, self.device)
-        self.model = build_model(mcfg, source, self.device, self.dtype, self.context_length, seed=config.random_seed,
-                                 quantization=quantization)
+        # one of the registry's classes (LlamaForCausalLM and its subclasses, LLaVA's): no common base but nn.Module,
+        # which declares neither compute_logits nor the multimodal ones' encode
+        self.model: Any = build_model(mcfg, source, self.device, self.dtype, self.context_length,
+                                      seed=config.random_seed, quantization=quantization)
         self.quantization = describe_quantization(quantization, self.model)
 
         slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)
@@ -164,7 +166,7 @@ class ModelRunner:
         reserved = 0
         if self.device.type == "cuda":
             # the baseline without the cached blocks of loading's temporaries: capture empties the cache, so
-            # measured against a full one the graphs' memory came out negative (-12 GiB on the H200)
+            # measured against a full one the graphs' memory would come out negative
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             reserved = torch.cuda.memory_reserved(self.device)

@@ -39,7 +39,8 @@ class PrefillRounds:
                 break
         chunked = self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new requests
         stuck = bool(chunked) and not adder.add_continuation(chunked[0], chunk=True)
-        compiling, admitted = False, []
+        compiling = False
+        admitted: list[Req] = []
         for req in [] if stuck else order_waiting(self.config.schedule_policy, self.waiting, self.tree):
             if adder.full or len(self.active) + len(admitted) >= self.config.max_running_requests:
                 break
@@ -125,10 +126,13 @@ class PrefillRounds:
                     mm_parts.append(features[p.item.hash][a - p.offset: b - p.offset])
             chunk = r.fill_slice(lo, hi)
             ids.extend((t if not is_pad(t) else PLACEHOLDER_ID for t in chunk) if r.mm else chunk)
+        slots = [r.new_slots for r in reqs if r.new_slots is not None]
+        pool_rows = [r.req_pool_idx for r in reqs if r.req_pool_idx is not None]
+        assert len(slots) == len(pool_rows) == len(reqs)  # admitted, with slots for this forward
         spec = BatchSpec(
             input_ids=ids,
-            out_cache_loc=torch.cat([r.new_slots for r in reqs]),  # type: ignore[misc]
-            req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
+            out_cache_loc=torch.cat(slots),
+            req_pool_indices=pool_rows,
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],
             groups=groups,

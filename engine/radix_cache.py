@@ -17,7 +17,7 @@ Only the scheduler thread mutates the tree; `snapshot` may be called from elsewh
 `host_seconds` sums the CPU time of the calling thread inside the operations the scheduler calls (match, insert,
 locks, hits, evict): the cache's own host cost, which benchmarks set against a workload's wall time. Thread CPU
 time, not wall time: with program threads beside the scheduler, wall time inside an operation also counts waits
-for the GIL while other threads run (2026-12-03: 0.39-0.46 s of wall time in serving_trace on the H200).
+for the GIL while other threads run.
 """
 
 from __future__ import annotations
@@ -269,10 +269,11 @@ class RadixCache:
             at = {id(n): i for i, n in enumerate(path)}
             deepest = len(path) - 1
             for node in nodes[1:]:
-                walk = node
-                while id(walk) not in at:  # the root is always there
-                    walk = walk.parent  # type: ignore[assignment]
-                deepest = min(deepest, at[id(walk)])
+                up = node
+                while id(up) not in at:
+                    assert up.parent is not None  # the root is in `at`
+                    up = up.parent
+                deepest = min(deepest, at[id(up)])
                 if deepest == 0:
                     return 0
             return sum(len(n) for n in path[1: deepest + 1])
@@ -313,7 +314,7 @@ class RadixCache:
             stack = [self.root]
             while stack:
                 node = stack.pop()
-                entry = {
+                entry: dict[str, Any] = {
                     "id": node.id,
                     "parent": node.parent.id if node.parent is not None else None,
                     "tokens": len(node),

@@ -11,7 +11,7 @@ Torch-free: the server imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 
 @dataclass
@@ -61,11 +61,11 @@ class GenerateInput:
         id_lists = list(self.input_ids) if self.input_ids is not None else [None] * count
         if isinstance(self.rid, str):
             raise ValueError("rid must be a list with one id per prompt for a batch")
-        columns = [per_prompt(getattr(self, name), count, name) for name in
-                   ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "rid")]
-        media = [per_prompt(v, count, name) if v is not None else [None] * count
-                 for name, v in (("image_data", self.image_data), ("video_data", self.video_data))]
-        return [PromptInput(texts[i], id_lists[i], *(c[i] for c in columns), media[0][i], media[1][i])
+        columns = {name: per_prompt(getattr(self, name), count, name) for name in
+                   ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "rid")}
+        columns.update((name, per_prompt(v, count, name) if v is not None else [None] * count)
+                       for name, v in (("image_data", self.image_data), ("video_data", self.video_data)))
+        return [PromptInput(texts[i], id_lists[i], **{name: c[i] for name, c in columns.items()})
                 for i in range(count)]
 
 
@@ -81,6 +81,14 @@ def per_prompt(value: Any, count: int, name: str) -> list[Any]:
 def sample_rids(base: str, n: int) -> list[str]:
     """The engine's names for the n samples of a request named base: base itself, or base-0 .. base-(n-1)."""
     return [base] if n == 1 else [f"{base}-{j}" for j in range(n)]
+
+
+@overload
+def sample_seed(seed: int, j: int) -> int: ...
+
+
+@overload
+def sample_seed(seed: None, j: int) -> None: ...
 
 
 def sample_seed(seed: int | None, j: int) -> int | None:

@@ -18,8 +18,9 @@ from sgnb.engine.request import Req
 
 class SampleOutput(NamedTuple):
     token_ids: list[int]
-    logprobs: list[float] | None  # logprob of each chosen token under the raw distribution
-    top_logprobs: list[list[tuple[float, int]]] | None
+    # logprob of each chosen token under the raw distribution (None: a placeholder, see _sample_one_by_one)
+    logprobs: list[float | None] | None
+    top_logprobs: list[list[tuple[float, int]] | None] | None
 
 
 def apply_penalties(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> None:
@@ -79,7 +80,7 @@ class DeviceSample:
         parts = iter(self._host)
         ids = next(parts).tolist()
         token_lp = next(parts).tolist() if self._has_lp else None
-        top = None
+        top: list[list[tuple[float, int]] | None] | None = None
         if self._has_top:
             vals, idx = next(parts).tolist(), next(parts).tolist()
             top = [list(zip(v[:k], t[:k])) for v, t, k in zip(vals, idx, self.top_nums)]
@@ -134,4 +135,4 @@ def sample_on_device(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, 
         k = max(top_nums)
         if k > 0:
             top = logprobs_all.topk(k, dim=-1)
-    return DeviceSample(chosen, token_lp, tuple(top) if top is not None else None, top_nums)
+    return DeviceSample(chosen, token_lp, (top.values, top.indices) if top is not None else None, top_nums)

@@ -11,10 +11,8 @@ from sgnb.engine.request import Req
 # Past this many waiting requests, lpm costs more than it saves: fall back to arrival order (as SGLang does).
 LPM_MAX_QUEUE = 128
 # lpm ranks by cached prefix only from this many tokens: a shorter match (a shared "Request 1" of distinct
-# prompts) saves next to nothing, and ranking by it would only reorder arrivals. Measured 2026-12-03 on the
-# H200, before this threshold: serving_trace (no reuse) ran 1.2% slower with the cache than without in four
-# runs over three sessions, while the tree's own operations took ~0.6% of the wall time; this reordering was the
-# other suspect.
+# prompts) saves next to nothing, and ranking by it would only reorder arrivals (a workload with no reuse ran
+# slower with the cache than without before this threshold: NOTES.md).
 LPM_MIN_PREFIX = 16
 
 

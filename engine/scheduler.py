@@ -118,11 +118,11 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.waiting: list[Req] = []  # the admission queue (status WAITING), in arrival order
         self.active: list[Req] = []  # admitted requests (RUNNING, CHUNKED, EXTENDING), in admission order
         self.inbox: queue.Queue = queue.Queue()
-        self.new_token_ratio = config.init_new_token_ratio
-        self.counters = Counters()
+        self.new_token_ratio: float = config.init_new_token_ratio
+        self.counters: Counters = Counters()
         # how long the device computed (forwards, sampling, prompt logprobs): against the wall, its idle time
-        self.device_time = DeviceTime(runner.device.type == "cuda" and config.tp_size == 1 and not config.tp_workers)
-        self.generator = torch.Generator(device=runner.device).manual_seed(config.random_seed)
+        self.device_time: DeviceTime = DeviceTime(runner.device.type == "cuda" and config.tp_size == 1 and not config.tp_workers)
+        self.generator: torch.Generator = torch.Generator(device=runner.device).manual_seed(config.random_seed)
         self._pending_flush: list[Future] = []
         self._stop = False
         self._aborts: dict[int, Req] = {}  # id -> the request an abort names (not its rid: see abort)
@@ -131,7 +131,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self._rids: dict[str, Req] = {}  # rid -> the request submitted under it, not finished nor aborted
         # overlap scheduling (see _launch): on CUDA in this process unless disabled; forced on for tests
         overlap = config.disable_overlap_schedule
-        self.overlap = (runner.device.type == "cuda" and getattr(runner, "supports_overlap", False)
+        self.overlap: bool = (runner.device.type == "cuda" and getattr(runner, "supports_overlap", False)
                         if overlap is None else not overlap)
         self._pending: PendingStep | None = None  # a decode step whose tokens are still on the device
         self._rid_lock = threading.Lock()

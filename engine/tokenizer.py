@@ -179,6 +179,7 @@ class Tokenizer:
 
         self._tk.add_special_tokens([AddedToken(token, special=True, normalized=False)])
         token_id = self._tk.token_to_id(token)
+        assert token_id is not None, token  # just added
         self._special_ids = frozenset(self._special_ids | {token_id})
         return token_id
 

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_any
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from sgnb.engine.model_loader import ModelSource
 from sgnb.engine.model_runner import kv_pool_slots, resolve_device, resolve_dtype
 from sgnb.engine.models.registry import build_model, resolve_quantization
 from sgnb.engine.tensor_parallel import TPGroup, check_tp_size, shard_layout
+
+if TYPE_CHECKING:
+    from sgnb.engine.cuda_graph import DecodeGraphs, ExtendGraphs
 
 log = logging.getLogger("sgnb.engine")
 
@@ -173,8 +176,9 @@ class TPModelRunner:
         self.device = torch.device("cpu")
         self.placement = f"{where} ({size} tensor-parallel worker{'s' if size > 1 else ''})"
         self.attention_backend = resolve_backend_name(config.attention_backend, worker_device)  # what workers run
-        self.graphs = None  # workers run every forward eagerly (no CUDA graphs across processes yet)
-        self.extend_graphs = None
+        # workers run every forward eagerly (no CUDA graphs across processes yet)
+        self.graphs: DecodeGraphs | None = None
+        self.extend_graphs: ExtendGraphs | None = None
         self.quantization = resolve_quantization(config.quantization, worker_device)
         self.context_length = config.context_length or mcfg.max_position_embeddings
         self._io_lock = threading.Lock()  # one exchange with the workers at a time; pipes are read under it
@@ -321,6 +325,7 @@ class TPModelRunner:
                         raise self._fail(rank)
                     continue  # it said something before dying: read it next round
                 rank = conn_rank[id(obj)]
+                obj = cast(Connection, obj)  # not a sentinel: one of our pipes
                 try:
                     kind, body = pickle.loads(obj.recv_bytes())
                 except (EOFError, OSError):
@@ -459,7 +464,7 @@ class _Worker:
                                                  init_method=spec.init_method, world_size=spec.size, rank=spec.rank)
             group = torch.distributed.group.WORLD
         self.layout = shard_layout(mcfg, spec.rank, spec.size)
-        self.model = build_model(mcfg, spec.source, device, self.dtype, spec.context_length,
+        self.model: Any = build_model(mcfg, spec.source, device, self.dtype, spec.context_length,  # (model_runner's)
                                  TPGroup(self.layout, group), seed=config.random_seed,
                                  quantization=resolve_quantization(config.quantization, device))
         self.kv_capacity = kv_pool_slots(config, mcfg, self.kv_dtype, device, self.layout.num_kv_heads,
@@ -488,6 +493,7 @@ class _Worker:
             out = handlers[kind](payload)
             if self.spec.rank != 0:
                 continue
+            assert out is not None  # rank 0 holds the logits
             shm = (self.spec.shm or {}).get(kind)
             if shm is not None and out.numel() <= shm.numel():
                 shm[: out.numel()].view_as(out).copy_(out)  # (rows, vocab) float32
@@ -495,7 +501,7 @@ class _Worker:
             else:
                 logits = out.cpu().numpy()  # (rows, vocab) float32, C-contiguous
                 conn.send_bytes(_dumps(("tensor", logits.shape)))
-                conn.send_bytes(logits)
+                conn.send_bytes(logits)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__ before 3.12
 
     def forward(self, p: dict[str, Any]) -> torch.Tensor | None:
         assert self.req_to_token is not None and self.kv_cache is not None

@@ -3,9 +3,9 @@
 On a GPU the first forward of each kind compiles kernels: Triton specializes a kernel per tile size (the extend
 kernel's BLOCK_M follows the batch's longest query run: 16, 32 or 64) and per variant (causal or not, with a
 log-sum-exp output for the cascade's merge), and FlashInfer JIT-builds a module per prefill or cascade variant
-(~100 s each on a machine that never built it; then cached on disk). Measured on the H200: a program workload
-whose first shared-prefix batch compiled inside its timing ran 0.49x as fast as one without the radix cache
-(benchmarks/results/NOTES.md). So the engine, once started, runs a few tiny requests that take every path a
+(~100 s each on a machine that never built it; then cached on disk). A compile inside a program's first
+shared-prefix batch costs that program more than the radix cache saves it (benchmarks/results/NOTES.md). So
+the engine, once started, runs a few tiny requests that take every path a
 program can take (prefill at each tile size, a cached prefix, the cascade over a prefix shared by a batch at
 each tile size, decode through the graphs and beside a prefill, input logprobs, the grammar bitmask), then
 empties the cache, the counters and the event history: the engine the caller gets has seen nothing.
@@ -33,8 +33,8 @@ SHARED_PREFIX = 64  # >= scheduler.MIN_SHARED_PREFIX: batches over it take the c
 CASCADE_BATCHES = ((4, 3), (4, 12), (40, 14), (20, 28), (5, 130))
 # (requests, extend each) of batches of distinct prompts past the graphs' token budget: the plain (no cascade)
 # eager extend at BLOCK_M 16 and 32 (600 above takes 64). Many short extends in one round (200 JSON programs'
-# jump-forward continuations, 64 chat turns) run so; on the H200 their first such round compiled both variants
-# inside the timing (benchmarks/results/NOTES.md, 2026-12-03)
+# jump-forward continuations, 64 chat turns) run so, and without these their first such round compiles both
+# variants inside the program
 EAGER_BATCHES = ((40, 14), (20, 28))
 
 

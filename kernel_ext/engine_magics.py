@@ -83,7 +83,7 @@ class EngineMagics(Magics):
         except ValueError as e:
             raise UsageError(f"%sgl: {e}") from None
         if not argv or argv[0] in ("-h", "--help", "help"):
-            print(self.sgl.__doc__)
+            print(EngineMagics.sgl.__doc__)
             print(self.session.describe())
             return
         if argv[0] in _COMMAND_PARSERS and any(a in ("-h", "--help") for a in argv[1:]):

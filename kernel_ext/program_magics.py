@@ -30,6 +30,11 @@ class ProgramMagics(Magics):
         super().__init__(shell)
         self.session = session
 
+    @property
+    def _user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None  # registered with its shell
+        return self.shell.user_ns
+
     @magic_arguments(name="%sgl")
     @argument("-o", "--output", metavar="NAME", default=None,
               help=f"store the program's final state in NAME (default: {DEFAULT_OUTPUT}, or the -i NAME)")
@@ -87,7 +92,7 @@ class ProgramMagics(Magics):
                 raise UsageError(f"%%sgl -o / -i take a variable name, got {name!r}")
         target = None
         if args.input is not None:
-            target = self.shell.user_ns.get(args.input)
+            target = self._user_ns.get(args.input)
             if not isinstance(target, ProgramState):
                 what = "not defined" if target is None else f"a {type(target).__name__}"
                 raise UsageError(f"%%sgl -i {args.input}: {args.input} is {what}, not a program state (what a "
@@ -97,7 +102,7 @@ class ProgramMagics(Magics):
             code = compile_cell(cell, filename)
         except SyntaxError as e:  # a cell that ran as `%%sgl` does not get here (CellSyntaxCheck reported it)
             raise e.with_traceback(None)  # noqa: B904
-        namespace = CellNamespace(self.shell.user_ns)
+        namespace = CellNamespace(self._user_ns)
         if not code.is_program:
             if target is not None:
                 raise UsageError(f"%%sgl -i {args.input}: the cell never uses `s`, the state it would continue")
@@ -140,7 +145,7 @@ class ProgramMagics(Magics):
                     state = fn.run(backend=guard, stream=stream, subscribers=subscribers, **sampling)
             finally:
                 namespace.commit()
-            self.shell.user_ns[output] = state
+            self._user_ns[output] = state
             if args.stream and view is None:
                 _print_stream(state)
                 streamed = True
@@ -149,7 +154,7 @@ class ProgramMagics(Magics):
         except KeyboardInterrupt as e:
             state = state or getattr(e, "program_state", None)  # interrupted in the body: run() kept the state
             if state is not None:  # first: the states read "interrupted", not the failure of an aborted request
-                self.shell.user_ns[output] = state
+                self._user_ns[output] = state
                 for exe in (state.executor, *state.executor.descendants()):
                     exe.abort()
             clean = guard.interrupt()

@@ -52,7 +52,7 @@ def compiled_variants() -> dict[str, int]:
         caches = getattr(k, "device_caches", None) or {}
         n = sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and c and isinstance(c[0], dict))
         if n:
-            name = getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?")
+            name = str(getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?"))
             out[name] = out.get(name, 0) + n
     return out
 

@@ -25,6 +25,8 @@ The torch reference (`quant_linear_ref`) dequantizes explicitly; the layer must 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -101,7 +103,8 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         dense = dense_dtype()
-        self._native = None  # our kernel and its weights, where it runs this mode
+        # our kernel and its weights, where it runs this mode
+        self._native: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
         if mode == "bf16":  # bf16 weights at every size (half the bytes of fp32, no quantization grid)
             self.small_m = 0
             self.weight_dense = w.to(torch.bfloat16).contiguous()

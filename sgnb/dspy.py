@@ -36,6 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from sgnb.backends.base import Backend
 from sgnb.function import function, get_default_backend
+from sgnb.logprobs import chat_logprobs
 from sgnb.primitives import assistant, gen, image
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -110,18 +111,8 @@ def _json_schema(fmt: Any) -> str | None:
 
 
 def _logprobs(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The backend's output_token_logprobs ((logprob, id, text) triples) in OpenAI's chat shape."""
-    entries = meta.get("output_token_logprobs")
-    if entries is None:
-        return None
-    tops = meta.get("output_top_logprobs") or [None] * len(entries)
-
-    def item(lp: float, text: str | None) -> dict[str, Any]:
-        text = text or ""
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-
-    return {"content": [{**item(lp, text), "top_logprobs": [item(t_lp, t_text) for t_lp, _, t_text in (top or [])]}
-                        for (lp, _, text), top in zip(entries, tops)]}
+    """OpenAI's chat logprobs of a result, None where the backend returned none."""
+    return None if meta.get("output_token_logprobs") is None else chat_logprobs(meta)
 
 
 class LM(dspy.BaseLM):

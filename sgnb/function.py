@@ -265,7 +265,7 @@ class SglFunction:
             if view is not None:  # the final values and statuses (an interrupted batch's rows too)
                 view.finish([live.get(i) for i in range(len(all_args))])
         pool.shutdown()
-        return states  # type: ignore[return-value]
+        return states
 
     def _batch_generator(self, all_args: list[dict[str, Any]], backend: Backend, defaults: GenParams,
                          num_threads: int | str, progress_bar: bool, frontend_hints: bool,

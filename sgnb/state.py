@@ -191,7 +191,7 @@ class ProgramState:
             chunk = await asyncio.to_thread(next, it, sentinel)
             if chunk is sentinel:
                 return
-            yield chunk  # type: ignore[misc]
+            yield chunk
 
     def __repr__(self) -> str:
         exe = self.executor

@@ -59,9 +59,9 @@ def _jpeg(raw: bytes, px: int) -> str:
     try:
         from PIL import Image
 
-        with Image.open(io.BytesIO(raw)) as im:
-            im.draft("RGB", (px, px))  # JPEG sources decode at a reduced scale
-            im = im.convert("RGB")
+        with Image.open(io.BytesIO(raw)) as src:
+            src.draft("RGB", (px, px))  # JPEG sources decode at a reduced scale
+            im = src.convert("RGB")
             im.thumbnail((px, px))
             buf = io.BytesIO()
             im.save(buf, format="JPEG", quality=75)

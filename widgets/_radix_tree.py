@@ -79,10 +79,10 @@ class RadixTreeView(anywidget.AnyWidget):
 
     _esm = bundle("radix_tree.js")
 
-    nodes = traitlets.List().tag(sync=True)  # rows as layout() builds them: validating each row is waste
+    nodes: traitlets.List[Any] = traitlets.List().tag(sync=True)  # rows as layout() builds them: validating each row is waste
     summary = traitlets.Dict().tag(sync=True)
-    collapsed = traitlets.List().tag(sync=True)
-    expanded = traitlets.List().tag(sync=True)
+    collapsed: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    expanded: traitlets.List[Any] = traitlets.List().tag(sync=True)
     selected = traitlets.Any(None, allow_none=True).tag(sync=True)
     details = traitlets.Dict().tag(sync=True)
 

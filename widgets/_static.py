@@ -308,7 +308,7 @@ def tree_html(nodes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) ->
 
 # ---- EngineStats ---------------------------------------------------------------------------------------------
 SPARK_W, SPARK_H = 132, 30
-_SPARKS = {"cache hit rate": [("hit_rate", "#2764d8", 1.0)],
+_SPARKS: dict[str, list[tuple[str, str, float | None]]] = {"cache hit rate": [("hit_rate", "#2764d8", 1.0)],
            "decode tokens/s": [("gen_tokens_per_s", "#1f9d3a", None), ("prefill_tokens_per_s", "#b26a00", None)],
            "KV pool": [("kv_used_frac", "#d93025", 1.0), ("kv_cached_frac", "#7b61ff", 1.0)],
            "queue": [("waiting", "#b26a00", None), ("running", "#1f9d3a", None)]}

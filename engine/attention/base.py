@@ -129,6 +129,7 @@ def make_attention_backend(name: str, kv_cache: KVCache, num_heads: int, num_kv_
                            device: torch.device) -> AttentionBackend:
     """The backend `name` ("auto" resolved by resolve_backend_name) over `kv_cache`, for these heads."""
     resolved = resolve_backend_name(name, device)
+    cls: type[AttentionBackend]
     if resolved == "torch":
         from sgnb.engine.attention.torch_backend import TorchAttention as cls
     elif resolved == "triton":

@@ -15,6 +15,8 @@ same pool (`TritonAttention.attend_direct`, graph-safe) instead of planning a se
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -22,9 +24,9 @@ from sgnb.engine.attention.base import AttentionBackend, AttentionLayer
 from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.engine.kv_pool import KVCache
 
-# FlashInfer's float workspace holds the split-KV partial outputs of a plan (fp32, per query row and head): a
-# 128 MiB one was suspected of overflowing on 8 x 1,024-token prefills of the 7B shape (2026-12-02: illegal memory
-# access, not yet reproduced in isolation); 384 MiB is what SGLang allocates
+# FlashInfer's float workspace holds the split-KV partial outputs of a plan (fp32, per query row and head), so
+# big prefill batches need a big one (a smaller one is suspected of an illegal memory access: NOTES.md); 384 MiB
+# is what SGLang allocates
 WORKSPACE_BYTES = 384 << 20
 
 
@@ -63,7 +65,7 @@ class FlashInferAttention(AttentionBackend):
         # (S, Hkv, D) -> (S, 1, Hkv, D): one slot per page
         self.paged = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(kv_cache.k_buffers, kv_cache.v_buffers)]
         self.use_tensor_cores = num_heads // num_kv_heads > 4
-        self.graph_wrappers: dict[int, object] = {}  # batch size -> decode wrapper in CUDA-graph mode
+        self.graph_wrappers: dict[int, Any] = {}  # batch size -> decode wrapper in CUDA-graph mode
         from sgnb.engine.attention.triton_backend import TritonAttention
 
         self.direct = TritonAttention(kv_cache, num_heads, num_kv_heads, head_dim)  # the layers a plan cannot fit

@@ -1,10 +1,8 @@
 """FlashInfer for prefill, our Triton kernels for decode: what "auto" takes on CUDA when FlashInfer is there.
 
-Measured on an H200 (benchmarks/results/2026-12-01-gpu-graphs.json): FlashInfer's prefill (FA3 on Hopper) is
-~2x our extend kernel (8 x 1k fresh tokens, one layer: 0.235 vs 0.525 ms), while inside the decode CUDA graphs
-our split-K decode is as fast or faster at every batch size (Llama-3-8B heads, batch 8: 0.011 vs 0.029 ms) and
-needs no per-step host plan (FlashInfer's graph-mode plan cost ~1-5 ms of host time per decode step, batch
-1-64). Extend batches (prefill, mixed batches, jump-forward extends, cascades over a shared prefix) go to
+FlashInfer's prefill (FA3 on Hopper) is faster than our extend kernel, while inside the decode CUDA graphs our
+split-K decode is as fast or faster and needs no per-step host plan (FlashInfer's graph-mode plan costs
+milliseconds of host time per decode step; the numbers are in benchmarks/results/NOTES.md). Extend batches (prefill, mixed batches, jump-forward extends, cascades over a shared prefix) go to
 FlashInfer; decode batches, eager or in a graph, and the small extends that replay an extend CUDA graph, to
 Triton. Both read the same KV pool.
 """

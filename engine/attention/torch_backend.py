@@ -76,7 +76,9 @@ class _NativePlan:
                 run = bool((slots[1:] - slots[:-1] == 1).all()) if shared > 1 else True
                 self.cascades.append((offsets[a], offsets[a + n] - offsets[a], int(slots[0]) if run else slots,
                                       shared))
-        rows, starts, lens = [], [], []
+        rows: list[int] = []
+        starts: list[int] = []
+        lens: list[int] = []
         for i in range(fb.batch_size):
             prefix, ext, start = fb.prefix_lens_cpu[i], fb.extend_lens_cpu[i], shared_of[i]
             rows += [fb.req_pool_indices_cpu[i]] * ext
@@ -138,6 +140,7 @@ class TorchAttention(AttentionBackend):
                                        fb.prefix_lens_cpu, fb.extend_lens_cpu, layer.scale, window=window)
         if isinstance(fb.attn_metadata, _NativePlan):
             return self._native(q, k_buf, v_buf, fb.req_to_token, fb.attn_metadata, layer.scale)
+        views: dict[int, tuple[int, int, torch.Tensor]]
         offsets, views = fb.attn_metadata
         if fb.groups is None and not views:
             return paged_attention_ref(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices_cpu,

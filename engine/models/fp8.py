@@ -38,7 +38,7 @@ def split_fp8_checkpoint(state: dict[str, torch.Tensor], config: ModelConfig,
         q = state.get(weight)
         if q is None or q.dtype != FP8:
             raise ValueError(f"{name} scales {weight}, which is {'missing' if q is None else q.dtype}, not e4m3")
-        rows = scales_to_rows(state.pop(name), tuple(q.shape), block and name.endswith("_inv"))
+        rows = scales_to_rows(state.pop(name), (q.shape[0], q.shape[1]), block and name.endswith("_inv"))
         out[weight] = (q, rows)
         state[weight] = dequantize_fp8(q, rows).to(dtype)
     for name in [n for n in state if n.endswith(".input_scale")]:

@@ -20,7 +20,7 @@ single-rank group every shard is the whole tensor and the collectives are no-ops
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -94,6 +94,8 @@ class Attention(nn.Module):
         self.rope_kind = "local" if self.sliding_window is not None and cfg.rope_local_theta is not None else "global"
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if cfg.qk_norm:  # over each head's D features, one weight shared by all heads
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -278,7 +280,8 @@ class LlamaForCausalLM(nn.Module):
         table = self._decode_table(fb)
         if table is None:
             return None
-        attn = self.model.layers[0].self_attn
+        attn = cast(Attention, self.model.layers[0].self_attn)
+        assert self.rope_cos is not None and self.rope_sin is not None  # _decode_table found weights on the CPU
         x = self.model.embed_tokens(fb.input_ids).float().contiguous()  # (T, hidden)
         self.fused_steps += 1
         return native.decode_layers(table, x, self.model.norm.weight, self.model.norm.eps, fb.positions,
@@ -302,11 +305,13 @@ class LlamaForCausalLM(nn.Module):
               and self.model.norm.weight.dtype == torch.float32
               and all(b.dtype == torch.float32 and b.is_contiguous() for b in (*cache.k_buffers, *cache.v_buffers)))
         rows = []
-        for i, layer in enumerate(self.model.layers if ok else []):
-            a, m = layer.self_attn, layer.mlp
-            fields = [native.linear_fields(lin) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+        layers = cast("list[DecoderLayer]", list(self.model.layers) if ok else [])
+        for i, layer in enumerate(layers):
+            a, m = cast(Attention, layer.self_attn), cast(MLP, layer.mlp)  # plain layers: _native_layers
+            found = [native.linear_fields(lin) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            fields = [f for f in found if f is not None]
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if (None in fields or any(lin.bias is not None for lin in (a.o_proj, m.gate_up_proj, m.down_proj))
+            if (len(fields) < len(found) or any(lin.bias is not None for lin in (a.o_proj, m.gate_up_proj, m.down_proj))
                     or any(n.dtype != torch.float32 for n in norms)
                     or layer.input_layernorm.eps != self.model.norm.eps
                     or layer.post_attention_layernorm.eps != self.model.norm.eps):

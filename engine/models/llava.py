@@ -96,7 +96,8 @@ class LlavaForConditionalGeneration(nn.Module):
         self.language_model = LlamaForCausalLM(cfg, max_positions)
         self.vision_tower = make_vision_tower(spec)
         # transformers >= 5 puts CLIP's modules on the vision model itself; older ones under .vision_model
-        self._body = getattr(self.vision_tower, "vision_model", self.vision_tower)
+        # transformers' vision model (CLIP / SigLIP): untyped here
+        self._body: Any = getattr(self.vision_tower, "vision_model", self.vision_tower)
         self._tower_prefix = "vision_tower.vision_model." if self._body is not self.vision_tower else "vision_tower."
         width = spec.vision_hidden_size * len(spec.feature_layers)
         self.multi_modal_projector = Projector(width, cfg.hidden_size, spec.projector_bias, spec.projector_act)
@@ -245,8 +246,8 @@ class LlavaForConditionalGeneration(nn.Module):
             if tuple(t.shape) != tuple(own[n].shape):
                 raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)} != model {tuple(own[n].shape)}")
         self.language_model.load_hf_state_dict(lm, device, dtype)
-        ours = {n: t.to(device=device, dtype=dtype) for n, t in vision.items()}
-        self.load_state_dict(ours, strict=False, assign=True)
+        weights = {n: t.to(device=device, dtype=dtype) for n, t in vision.items()}
+        self.load_state_dict(weights, strict=False, assign=True)
         self._rebuild_buffers(device)
 
     def init_dummy_weights(self, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:

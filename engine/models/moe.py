@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -96,7 +96,7 @@ class MoEForCausalLM(LlamaForCausalLM):
         block, (gate, up, down) = _HF_LAYOUT[cfg.architecture]
         ours: dict[str, torch.Tensor] = {}
         for i in cfg.moe.sparse_layers:
-            hf, mine = f"model.layers.{i}.{block}", self.model.layers[i].mlp
+            hf, mine = f"model.layers.{i}.{block}", cast(SparseMoE, self.model.layers[i].mlp)  # a sparse layer
             names = [f"{hf}.gate.weight"] + [f"{hf}.experts.{e}.{w}.weight" for e in range(cfg.moe.num_experts)
                                              for w in (gate, up, down)]
             missing = [n for n in names if n not in state]

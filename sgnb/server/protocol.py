@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sgnb.logprobs import chat_logprobs
 from sgnb.sampling import OPENAI_NAMES, SAMPLING_DEFAULTS
 from sgnb.tools import ToolPlan, ToolSpecError, history_tool_calls, tool_plan
 
@@ -494,16 +495,7 @@ def _completion_logprobs(out: dict, echo: bool) -> dict[str, Any]:
 
 
 def _chat_logprobs(out: dict) -> dict[str, Any]:
-    meta = out["meta_info"]
-    entries = meta.get("output_token_logprobs") or []
-    tops = meta.get("output_top_logprobs") or [None] * len(entries)
-
-    def item(lp: float, text: str | None) -> dict[str, Any]:
-        text = text or ""
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-
-    return {"content": [{**item(lp, text), "top_logprobs": [item(tlp, tt) for tlp, _, tt in (top or [])]}
-                        for (lp, _, text), top in zip(entries, tops)]}
+    return chat_logprobs(out["meta_info"])
 
 
 # ---- tool calling (/v1/chat/completions tools and tool_choice; the machinery is sgnb.tools') ------------------

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
+from starlette.types import Receive
 
 if TYPE_CHECKING:
     pass
@@ -20,7 +21,7 @@ class _ClientGone(Exception):
     """The client closed its connection before the answer was ready."""
 
 
-async def _until_disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _until_disconnected(receive: Receive) -> None:
     # Called once the body has been read: the next ASGI message on the connection can only be http.disconnect.
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -86,7 +87,7 @@ class EventStream:
             raise error
 
 
-async def _merge(streams: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
+async def _merge(streams: list[AsyncIterator[dict]]) -> AsyncGenerator[tuple[int, dict], None]:
     """Interleave several engine streams as (stream index, chunk), in arrival order.
 
     Closing the merged iterator cancels the readers, which closes (and aborts) the unfinished engine streams.
