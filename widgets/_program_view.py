@@ -412,7 +412,7 @@ class ProgramView(anywidget.AnyWidget):
 
     def _gen_begin(self, p: _Program, e: Event) -> None:
         constraint = e.get("constraint")
-        seg = {"k": "gen", "var": e.get("var"), "rid": e.get("rid"), "where": e.get("where"), "text": "",
+        seg: dict[str, Any] = {"k": "gen", "var": e.get("var"), "rid": e.get("rid"), "where": e.get("where"), "text": "",
                "constraint": str(constraint)[:300] if constraint else None,
                "constraint_name": e.get("constraint_name"), "done": False, "chunks": 0,
                "meta": {}, "tokens": None, "logprobs": False, "ttft": None, "elapsed": None}
@@ -446,6 +446,7 @@ class ProgramView(anywidget.AnyWidget):
             seg = next((s for s in reversed(p.segments) if s["k"] == "gen" and s["rid"] == e.get("rid")), None)
             if seg is None:
                 return
+        assert seg is not None
         meta = dict(e.get("meta_info") or {})
         seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
         seg["tokens"] = token_detail(seg["text"], meta)
@@ -453,13 +454,15 @@ class ProgramView(anywidget.AnyWidget):
         seg["done"] = True
         # one clock for both: the engine's TTFT with its latency; else the wall time to the first streamed
         # chunk (a gen that was not streamed has no first token to time: its text arrives with its end)
-        streamed = p.first_chunk_t is not None and seg["chunks"] > 1
-        ttft = meta.get("ttft", p.first_chunk_t - p.open_gen_t if streamed else None)
+        first = p.first_chunk_t
+        streamed = first is not None and seg["chunks"] > 1
+        ttft = meta.get("ttft", first - p.open_gen_t if first is not None and streamed else None)
         seg["ttft"] = round(ttft, 4) if isinstance(ttft, (int, float)) else None
         seg["elapsed"] = round(self._now - p.open_gen_t, 4)
-        if p.open_gen is seg and p.thinking is not None:
+        ended: dict[str, Any] = seg
+        if p.open_gen is ended and p.thinking is not None:
             self._think_done(p, seg, meta)
-        if p.open_gen is seg:
+        if p.open_gen is ended:
             p.open_gen = None
         if isinstance(e.get("prompt_chars"), int):
             self._mark_cached(p, seg, e["prompt_chars"])

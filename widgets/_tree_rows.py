@@ -185,7 +185,7 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
     children: dict[int, list[int]] = {i: [] for i in by_id}
     for n in by_id.values():
         if n is not root:
-            children[n.parent if n.parent in by_id else root.id].append(n.id)  # type: ignore[index]
+            children[n.parent if n.parent in by_id else root.id].append(n.id)
 
     order, stack = [], [root.id]  # preorder: parents first, siblings in their order
     while stack:
@@ -238,14 +238,14 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         forced, lively, *_, i = heapq.heappop(heap)
         parent = by_id[i].parent
         parent = parent if parent in by_id else root.id
-        like = (parent, shape[i])  # type: ignore[assignment]
+        like = (parent, shape[i])
         if (not forced and not lively and class_size[like] > sibling_cap + 1
                 and shown_like.get(like, 0) >= sibling_cap):
             continue  # enough examples of this kind of sibling: the rest are counted in the group
-        had = shown_kids[parent]  # type: ignore[index]
+        had = shown_kids[parent]
         if overview and not forced and had >= breadth:
             continue  # a level of the overview is this wide at most: the rest are counted in the group
-        grows = 1 + group_row(parent, had + 1) - group_row(parent, had)  # type: ignore[arg-type]
+        grows = 1 + group_row(parent, had + 1) - group_row(parent, had)
         if forced and extra + grows <= max_nodes:
             extra += grows
         elif total + grows > budget:
@@ -257,7 +257,7 @@ def build_rows(nodes: Iterable[Node], label: Label, *, max_nodes: int = 300,
         else:
             total += grows
         keep.add(i)
-        shown_kids[parent] = had + 1  # type: ignore[index]
+        shown_kids[parent] = had + 1
         opened[i] = 0 if i in collapsed else len(children[i])
         shown_kids[i] = 0
         shown_like[like] = shown_like.get(like, 0) + 1

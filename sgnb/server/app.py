@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http.client
+import math
 import socket
 import threading
 import time
@@ -90,7 +91,7 @@ def _uvicorn_server(engine: Engine, host: str, port: int, log_level: str, access
 
     options = dataclasses.replace(options or ServerOptions(), bound_host=host)
     config = uvicorn.Config(create_app(engine, options), host=host, port=port, log_level=log_level,
-                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=options.shutdown_grace,
+                            access_log=access_log, lifespan="off", timeout_graceful_shutdown=math.ceil(options.shutdown_grace),
                             http=read_timeout_protocol(options.request_read_timeout))
     return uvicorn.Server(config)
 

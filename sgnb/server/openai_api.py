@@ -185,7 +185,7 @@ class OpenAIRoutes(_Routes):
             raise APIError(400, "not supported yet: best_of other than n", param="best_of")
         prompt = req.prompt
         batched = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
-        prompts: list[Any] = list(prompt) if batched else [prompt]  # type: ignore[arg-type]
+        prompts: list[Any] = list(prompt) if batched else [prompt]
         if not prompts:
             raise APIError(400, "prompt is an empty list", param="prompt")
         sp = req.sampling_params(req.max_tokens if req.max_tokens is not None else 16)
@@ -474,7 +474,9 @@ class OpenAIRoutes(_Routes):
         format (<tool_call>...</tool_call>), and a tool result is a "tool" message if the template takes that role, else
         a user message holding <tool_response>...</tool_response>."""
         native, tool_role = self._tool_support
-        rendered, images, videos = [], [], []
+        rendered: list[dict[str, Any]] = []
+        images: list[Any] = []
+        videos: list[Any] = []
         call_names: dict[Any, str] = {}
         for i, m in enumerate(messages):
             role = m.get("role")

@@ -78,7 +78,7 @@ class ResponsesRoutes(OpenAIRoutes):
             try:
                 yield events.emit("response.created", response=_response_object(req, job, [], None))
                 yield events.emit("response.in_progress", response=_response_object(req, job, [], None))
-                async with contextlib.aclosing(_merge([stream])) as chunks:  # type: ignore[type-var]
+                async with contextlib.aclosing(_merge([stream])) as chunks:
                     async for _, chunk in chunks:
                         last = "output_ids" in chunk
                         reasoning, answer = ("", chunk["text"]) if splitter is None else splitter.feed(chunk["text"])
