@@ -51,7 +51,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(MAKE) typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
