@@ -271,15 +271,7 @@ class OpenAIRoutes(_Routes):
         splitters = [ReasoningStream(job.fmt) if job.fmt is not None else None for _ in streams]
 
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
-            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
-            splitter = splitters[k]
-            if splitter is not None:  # the thinking as reasoning_content, the answer as content
-                reasoning, answer = splitter.feed(chunk["text"])
-                if last:
-                    more_r, more_a = splitter.finish()
-                    reasoning, answer = reasoning + more_r, answer + more_a
-                delta = {**({"reasoning_content": reasoning} if reasoning else {}),
-                         **({"content": answer} if answer else {})}
+            delta = _text_delta(splitters[k], chunk["text"], last)
             return {"index": k, "delta": delta,
                     "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
                     **(_finish(chunk) if last else {"finish_reason": None})}
@@ -389,15 +381,7 @@ class OpenAIRoutes(_Routes):
         splitters = [ReasoningStream(job.fmt) if job.fmt is not None else None for _ in streams]
 
         def choice(k: int, chunk: dict, last: bool) -> dict[str, Any]:
-            delta: dict[str, Any] = {"content": chunk["text"]} if chunk["text"] or not last else {}
-            splitter = splitters[k]
-            if splitter is not None:  # the thinking as reasoning_content, the rest as content
-                reasoning, answer = splitter.feed(chunk["text"])
-                if last:
-                    more_r, more_a = splitter.finish()
-                    reasoning, answer = reasoning + more_r, answer + more_a
-                delta = {**({"reasoning_content": reasoning} if reasoning else {}),
-                         **({"content": answer} if answer else {})}
+            delta = _text_delta(splitters[k], chunk["text"], last)
             if last and chunk.get("tool_calls"):
                 delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(chunk["tool_calls"])]
             return {"index": k, "delta": delta, "logprobs": _chat_logprobs(chunk) if last and req.logprobs else None,
@@ -640,6 +624,18 @@ async def _collect(stream: AsyncIterator[dict]) -> tuple[str, dict]:
             if "output_ids" in chunk:
                 final = chunk
     return "".join(pieces), final
+
+
+def _text_delta(splitter: ReasoningStream | None, text: str, last: bool) -> dict[str, Any]:
+    """A streamed chunk's text as a chat delta: with a reasoning splitter, the thinking as reasoning_content and the
+    rest as content (what the splitter holds back is given at the last chunk)."""
+    if splitter is None:
+        return {"content": text} if text or not last else {}
+    reasoning, answer = splitter.feed(text)
+    if last:
+        more_r, more_a = splitter.finish()
+        reasoning, answer = reasoning + more_r, answer + more_a
+    return {**({"reasoning_content": reasoning} if reasoning else {}), **({"content": answer} if answer else {})}
 
 
 def _reply_message(text: str, fmt: ReasoningFormat | None) -> dict[str, Any]:
