@@ -1,7 +1,10 @@
 """What the live views cost a program: the same work with and without the streaming view, in a real kernel.
 
-    python benchmarks/bench_views.py [--model smollm2] [--rounds 6] [--tokens 128] [--batch 64]
-        [--batch-tokens 16] [--out FILE]   (default: benchmarks/results/DATE-{cpu,gpu}-views.json)
+    python benchmarks/bench_views.py [--model smollm2] [--engine-args JSON] [--rounds 6] [--tokens 128]
+        [--batch 64] [--batch-tokens 16] [--out FILE]   (default: benchmarks/results/DATE-{cpu,gpu}-views.json)
+
+At GPU scale: `--model dummy:llama-2-7b-smolvocab --engine-args '{"tokenizer_path": ".gpu/smollm2"}'` (the
+GPU machine needs ipykernel, nbclient and anywidget among the carried wheels: benchmarks/gpu/setup.sh).
 
 A notebook is written and run by nbclient (a real ipykernel; its widget messages travel over ZMQ to nbclient,
 which keeps the widget state as a frontend would). Inside, each round runs every variant once, in an order
@@ -42,7 +45,7 @@ import sgnb as sgl
 from sgnb.widgets import ProgramView
 from IPython.display import display
 
-runtime = sgl.Runtime({model!r})
+runtime = sgl.Runtime({model!r}, **{engine_args!r})
 sgl.set_default_backend(runtime)
 engine = runtime.engine
 PREFIX = "You answer questions about animals in one short sentence. " * 4
@@ -105,6 +108,7 @@ print("RESULTS " + json.dumps(results))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--engine-args", default="{}", help="engine options as JSON (e.g. tokenizer_path)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64)
@@ -112,8 +116,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    fmt = {"model": args.model, "tokens": args.tokens, "batch": args.batch, "batch_tokens": args.batch_tokens,
-           "rounds": args.rounds}
+    engine_args = json.loads(args.engine_args)
+    if "tokenizer_path" in engine_args:  # the kernel runs in a temporary folder
+        engine_args["tokenizer_path"] = str(Path(engine_args["tokenizer_path"]).resolve())
+    fmt = {"model": args.model, "engine_args": engine_args, "tokens": args.tokens, "batch": args.batch,
+           "batch_tokens": args.batch_tokens, "rounds": args.rounds}
     nb = new_notebook(cells=[new_code_cell(SETUP.format(**fmt)), new_code_cell(MEASURE.format(**fmt))])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,9 @@
 # into /tmp/site, lay the carried tree out as the `sgnb` package in /tmp/pkg (the folders pyproject.toml maps,
 # linked, so every call runs the tree it carried), and unpack the carried kernel caches.
 #   carry: .whl (the wheels: FlashInfer's set AND xgrammar's, shared/recipes/gpu.md; without xgrammar every constrained
-#   workload fails: 2026-12-02 call 2 lost its suite so) and .gpu (smollm2 tokenizer files, flashinfer-cache.tgz, triton-cache.tgz)
+#   workload fails: 2026-12-02 call 2 lost its suite so; for bench_views.py also the closure of `ipykernel nbclient
+#   nbformat anywidget ipywidgets`, downloaded with `pip download --only-binary=:all: --python-version 3.12
+#   --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --implementation cp`) and .gpu (smollm2 tokenizer files, flashinfer-cache.tgz, triton-cache.tgz)
 # A warm machine (the next call within the idle window) keeps /tmp/site and the caches: the same wheels are then
 # NOT installed again. Suspected (not proven): re-installing gives FlashInfer's sources fresh mtimes and its ninja
 # rebuilds every JIT module; call 2 of 2026-12-02 re-installed on the machine whose call 1 had built them, and all
