@@ -20,7 +20,6 @@ import itertools
 import json
 import logging
 import os
-import queue
 import sys
 import tempfile
 import threading
@@ -484,7 +483,7 @@ class Engine:
                  logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                  return_text_in_logprobs: bool = False, stream: bool = False,
                  rid: str | list[str] | None = None, image_data: Any = None,
-                 video_data: Any = None) -> dict | list[dict] | Iterator[dict]:
+                 video_data: Any = None, stream_interval_s: float = 0.0) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (-> dict) or a list (-> list of dicts, n samples per prompt in order).
 
         image_data / video_data (multimodal models, SGLang's names): for one prompt an item or a list, for a
@@ -493,8 +492,10 @@ class Engine:
         model's image token (`engine.image_token`, e.g. "<image>") where each image goes, in order.
 
         With stream=True (one prompt, n=1) returns an iterator of dicts whose "text" is the new text since the
-        previous chunk; the last chunk carries the full meta_info. Interrupting the wait (KeyboardInterrupt)
-        aborts the requests, which frees their KV and cache locks.
+        previous chunk; the last chunk carries the full meta_info. `stream_interval_s` > 0 coalesces: chunks
+        come at most that often (the tokens of the steps between travel together; the last chunk still comes
+        the moment the request ends), so a consumer that shows text need not wake at every decode step.
+        Interrupting the wait (KeyboardInterrupt) aborts the requests, which frees their KV and cache locks.
         """
         self._check_open()
         reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
@@ -503,7 +504,7 @@ class Engine:
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._stream(reqs[0], return_text_in_logprobs)
+            return self._stream(reqs[0], return_text_in_logprobs, stream_interval_s)
         outs = self._wait(reqs, return_text_in_logprobs)
         return outs if many else outs[0]
 
@@ -523,20 +524,30 @@ class Engine:
             raise
         return [self._result(r, text_in_logprobs) for r in reqs]
 
-    def _stream(self, req: Req, text_in_logprobs: bool) -> Iterator[dict]:
-        chunks: queue.Queue = queue.Queue()
-        req.on_update = chunks.put
+    def _stream(self, req: Req, text_in_logprobs: bool, interval: float = 0.0) -> Iterator[dict]:
+        # The scheduler only flags that the request moved on; each chunk is read from the request itself, so the
+        # steps that pass while the consumer is away (or waits out `interval`) come as one chunk.
+        updated, finished = threading.Event(), threading.Event()
+
+        def on_update(r: Req) -> None:
+            updated.set()
+            if r.finished:
+                finished.set()
+
+        req.on_update = on_update
         self.scheduler.submit(req)
-        sent = 0
+        sent, last = 0, 0.0
         try:
             while True:
-                try:
-                    r = chunks.get(timeout=0.1)
-                except queue.Empty:
+                if not updated.wait(0.1):
                     self._check_open(workers=False)
                     continue
-                chunk, sent, done = self._next_chunk(r, sent, text_in_logprobs)
+                if interval > 0:  # wait out the interval, unless the request ends meanwhile
+                    finished.wait(last + interval - time.monotonic())
+                updated.clear()  # before reading: an update after the read flags again
+                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
                 if chunk is not None:
+                    last = time.monotonic()
                     yield chunk
                 if done:
                     return

@@ -70,7 +70,11 @@ from sgnb.user_code import (
 
 log = logging.getLogger("sgnb")
 _ids = itertools.count()
-PROGRAM_THREADS = 64  # program threads running nodes at once (a gen mostly waits on its backend)
+# program threads running nodes at once. A gen holds its thread while it waits on the backend, so this is also
+# how many of a program's gens can be in flight together: as many as the engine runs in one batch by default
+# (EngineConfig.max_running_requests). At 64, tree_of_thought's 512 leaves at GPU scale decoded in 8 rounds
+# instead of 2, and the run timed out.
+PROGRAM_THREADS = 256
 
 
 class _ProgramPool:

@@ -25,6 +25,11 @@ class Runtime(Backend):
     sampling_params)` (a JSON string, as SGLang's), `rt.async_generate`, `rt.encode`, `rt.get_tokenizer()`,
     `rt.start_profile()` / `rt.stop_profile()`, `rt.shutdown()`."""
 
+    # A streamed gen's text comes in pieces at most this often (the steps between travel together): a program's
+    # thread then wakes ~20 times a second, not at every decode step (at GPU speed 200+ a second per program,
+    # which cost a streamed 64-program run_batch a third of its throughput; benchmarks/bench_views.py).
+    stream_interval_s = 0.05
+
     def __init__(self, model_path: str = "smollm2", engine: Any = None, *, port: int | None = None,
                  host: str = "127.0.0.1", **engine_kwargs: Any) -> None:
         if engine_kwargs.pop("launch_timeout", None) is not None:
@@ -155,7 +160,8 @@ class Runtime(Backend):
         return {**meta, "output_tokens": [(tt(t), bool(f)) for t, f in zip(output_ids, forced)]}
 
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
-        for chunk in self.engine.generate(**self._request(ctx, params), stream=True):
+        for chunk in self.engine.generate(**self._request(ctx, params), stream=True,
+                                          stream_interval_s=self.stream_interval_s):
             meta = chunk["meta_info"]
             if "finish_reason" in meta:  # the last chunk: complete meta_info and the output ids
                 _raise_if_aborted(meta, chunk["text"])

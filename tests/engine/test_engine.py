@@ -445,6 +445,26 @@ def test_streaming_concatenates_to_full_text(engine):
     assert "".join(pieces) == full["text"] and len(pieces) > 2
 
 
+
+def test_stream_interval_coalesces_steps_and_ends_at_once(engine):
+    """stream_interval_s: chunks come at most that often, each carrying the steps between, the same text in all;
+    the request's end is never held back for the interval."""
+    import time
+
+    sp = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(PROMPT, sp)
+    arrivals, pieces = [], []
+    for chunk in engine.generate(PROMPT, sp, stream=True, stream_interval_s=0.15):
+        arrivals.append(time.monotonic())
+        pieces.append(chunk["text"])
+    assert "".join(pieces) == full["text"]
+    gaps = [b - a for a, b in zip(arrivals[:-2], arrivals[1:-1])]  # between chunks before the last
+    assert all(g >= 0.14 for g in gaps), gaps
+    assert len(pieces) < 48  # steps travelled together (48 steps take more than one interval on any machine)
+    t0 = time.monotonic()
+    chunks = list(engine.generate(PROMPT, {**sp, "max_new_tokens": 4}, stream=True, stream_interval_s=60))
+    assert time.monotonic() - t0 < 30 and chunks[-1]["meta_info"]["completion_tokens"] == 4
+
 def test_async_generate(engine):
     import asyncio
 

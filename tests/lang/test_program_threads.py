@@ -103,3 +103,11 @@ def test_executors_scheduled_while_a_thread_idles_all_run_at_once():
     started.wait()  # the three nodes are running at once
     release.set()
     assert pool.threads == 3
+
+
+def test_the_pool_can_keep_a_full_engine_batch_of_gens_in_flight():
+    """A gen holds its pool thread while it waits, so fewer threads than the engine's running batch would cap how
+    many of a program's branches decode together (tree_of_thought at GPU scale ran its leaves in 8 rounds)."""
+    from sgnb.engine.config import EngineConfig
+
+    assert interpreter.PROGRAM_THREADS >= EngineConfig.max_running_requests
