@@ -37,7 +37,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import device_name, write_result  # noqa: E402
+from common import commit, device_name, write_result  # noqa: E402
 
 SETUP = """\
 import json, statistics, time
@@ -142,7 +142,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['workload']:8} {r['variant']:15} {r['median']:10.2f}  {r['ratio_to_none']:8.3f}  "
               f"{r['cost_pct']:6.2f}%  ({r['unit']})")
-    payload = {"benchmark": "bench_views", "device": device_name(), "model": args.model, "settings": fmt,
+    payload = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "benchmark": "bench_views", "device": device_name(), "model": args.model, "settings": fmt,
                "target": "cost <= 3% (views streamed vs none)", "rows": rows,
                "wall_seconds": round(time.time() - t0, 1)}
     if args.out:

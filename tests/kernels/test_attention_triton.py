@@ -548,7 +548,10 @@ def test_extend_sliding_window(H, Hkv, D, window):
     got = poisoned(T, H, D, dt=dtype)
     ext.extend_attention(q, k_buf, v_buf, table, rows, qo, 0, ends, True, scale, max_q, out=got,
                          blocks=torch.from_numpy(blocks).to(device), window=window)
-    torch.testing.assert_close(got, out)
+    torch.testing.assert_close(got.double(), o64, **TOL)
+    # the same tiles give the same result; on a GPU the plain launch of a long prompt takes the long-prompt tiles
+    # (EXTEND_LONG_TILES) and sums in another order: a few elements then differ in their last bf16 bit
+    torch.testing.assert_close(got, out, **({"atol": 8e-3, "rtol": 1.6e-2} if CUDA else {}))
 
 
 @needs_triton
