@@ -328,11 +328,9 @@ class StreamExecutor:
             what = "was interrupted" if self.aborted else f"failed ({_describe(self.error_, self.error_where)})"
             raise ProgramError(f"this program state {what}, so it cannot continue: re-run the cell or program "
                                "that made it, then continue that state")
-        nxt = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
-                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
-                             num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template)
+        nxt = self._derived(backend, defaults, stream)
         nxt.name, nxt.parent_id = self.name if name is None else name, self.parent_id
-        self._copy_into(nxt)
+        # the same run going on: what its gens and scopes recorded, and where a fork's own text began
         nxt.meta_info = dict(self.meta_info)
         nxt.var_scopes, nxt.program_scratch = dict(self.var_scopes), self.program_scratch
         nxt.fork_start, nxt.fork_media = self.fork_start, self.fork_media
@@ -632,16 +630,24 @@ class StreamExecutor:
             message["tool_call_id"] = self.role_answers
         return message
 
-    def _copy_into(self, other: StreamExecutor) -> None:
-        """What a fork, copy or continuation starts from: this state's text, messages, images and variables,
-        inside the same open role (with its calls)."""
-        other.text_, other.messages_, other.images_ = self.text_, list(self.messages_), list(self.images_)
-        other.variables = dict(self.variables)
-        for k in other.variables:
-            other.var_events[k].set()
-        other.cur_role, other.cur_role_begin = self.cur_role, self.cur_role_begin
-        other.role_hidden, other.role_calls = list(self.role_hidden), list(self.role_calls)
-        other.role_answers, other.unanswered = self.role_answers, list(self.unanswered)
+    def _derived(self, backend: Backend | None = None, defaults: GenParams | None = None,
+                 stream: bool | None = None, parent: StreamExecutor | None = None) -> StreamExecutor:
+        """A new executor that starts from this state (a fork's branch, a copy, a continuation): its settings
+        (the backend, defaults and stream unless given), its name, text, messages, images and variables, inside the
+        same open role (with its calls). `parent`: the state it branches from (its views see the branch)."""
+        new = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
+                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
+                             num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template,
+                             parent=parent)
+        new.name = self.name
+        new.text_, new.messages_, new.images_ = self.text_, list(self.messages_), list(self.images_)
+        new.variables = dict(self.variables)
+        for k in new.variables:
+            new.var_events[k].set()
+        new.cur_role, new.cur_role_begin = self.cur_role, self.cur_role_begin
+        new.role_hidden, new.role_calls = list(self.role_hidden), list(self.role_calls)
+        new.role_answers, new.unanswered = self.role_answers, list(self.unanswered)
+        return new
 
     def _image(self, node: ir.Image) -> None:
         media = Media("image", node.path)
@@ -822,12 +828,8 @@ class StreamExecutor:
                 self.backend.cache_prefix(self.text_)
         children = []
         for _ in range(n):
-            child = StreamExecutor(self.backend, self.defaults, stream=self.stream, use_thread=self.use_thread,
-                                   num_api_spec_tokens=self.num_api_spec_tokens,
-                                   chat_template=self.chat_template, parent=self)
-            child.name = self.name
+            child = self._derived(parent=self)
             self.children.add(child)
-            self._copy_into(child)
             child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
         self.emit({"type": "fork", "children": [c.id for c in children]})
