@@ -17,11 +17,12 @@ appended, "source": a short label (path, URL or what the value is), "path": the 
 few frame thumbnails) and "num_frames". The "text" events plus these tokens make up the state's text.
 
 Tool calls (`gen(tools=...)`, sgnb.tools has the format): on a completion-style backend the interpreter decodes
-them through plain generate calls, as `sgnb serve` does ("required": the text gets <tool_call>, then one call
-constrained by the tools' schemas, then </tool_call>; "auto": text that stops where a call opens, then the
-call); a chat backend (`is_chat_model`) is sent the tools and returns OpenAI's tool_calls, written into the text
-in sgnb's format. Either way the message of the open role keeps the text as content minus what is not content
-(tool descriptions, calls), with `tool_calls`; a "tool" message carries the `tool_call_id` it answers.
+them through plain generate calls by sgnb.tool_decode's steps, as `sgnb serve` does ("required": the text gets
+<tool_call>, then one call constrained by the tools' schemas, then </tool_call>; "auto": text that stops where a
+call opens, then the call); a chat backend (`is_chat_model`) is sent the tools and returns OpenAI's tool_calls,
+written into the text in sgnb's format. Either way the message of the open role keeps the text as content minus
+what is not content (tool descriptions, calls), with `tool_calls`; a "tool" message carries the `tool_call_id` it
+answers.
 """
 
 from __future__ import annotations
@@ -51,15 +52,8 @@ from sgnb.engine.events import wait_slice
 from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
-from sgnb.tools import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    ToolPlan,
-    call_text,
-    joined_meta,
-    opened_call,
-    parse_call,
-)
+from sgnb.tool_decode import CallStep, decode_tool_call
+from sgnb.tools import ToolPlan, call_text
 from sgnb.user_code import (
     _chain,
     frame_at,
@@ -334,11 +328,9 @@ class StreamExecutor:
             what = "was interrupted" if self.aborted else f"failed ({_describe(self.error_, self.error_where)})"
             raise ProgramError(f"this program state {what}, so it cannot continue: re-run the cell or program "
                                "that made it, then continue that state")
-        nxt = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
-                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
-                             num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template)
+        nxt = self._derived(backend, defaults, stream)
         nxt.name, nxt.parent_id = self.name if name is None else name, self.parent_id
-        self._copy_into(nxt)
+        # the same run going on: what its gens and scopes recorded, and where a fork's own text began
         nxt.meta_info = dict(self.meta_info)
         nxt.var_scopes, nxt.program_scratch = dict(self.var_scopes), self.program_scratch
         nxt.fork_start, nxt.fork_media = self.fork_start, self.fork_media
@@ -526,33 +518,24 @@ class StreamExecutor:
                 self._hide(start, calls)
             return self.text_[begin:], {**meta, "tool_calls": calls}
         sp = dataclasses.asdict(params)
-        used, first = 0, None
-        opened: str | None
+        # max_new_tokens bounds the whole reply: the call gets what the text left of it
+        sp["max_new_tokens"] = params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens
         thinking = self._thinks_first(name, ctx)
-        if plan.mode == "required" and thinking is not None:
-            return self._tool_call_after_reasoning(name, plan, sp, ctx, thinking)
-        if plan.mode == "required":
-            opened = "tagged"
-        else:
-            content, first = self.backend.generate(ctx, _sampling(plan.text_params(sp)))
-            self._append(content, name, first)
-            opened = opened_call(first.get("finish_reason"))
-            if opened is None:
-                return self.text_[begin:], {**first, "tool_calls": []}
-            used = int(first.get("completion_tokens") or 0)
-        start = len(self.text_)
-        if opened == "tagged":
-            self._append(TOOL_CALL_OPEN + "\n", name)
-        budget = (params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens or 1) - used
-        raw, meta = self.backend.generate(self._context(), _sampling(plan.call_params(sp, budget)))
-        self._append(raw, name, meta)
-        call = parse_call(raw, plan)
-        if call is not None:
-            if opened == "tagged":
-                self._append("\n" + TOOL_CALL_CLOSE, name)
-            self._hide(start, [call])
-        meta = joined_meta(first, meta) if first is not None else meta
-        return self.text_[begin:], {**meta, "tool_calls": [call] if call is not None else []}
+        progress: dict[str, Any] = {}
+
+        def generate(step: CallStep) -> tuple[str, dict[str, Any]]:
+            nonlocal progress
+            self._append(step.prefix[len(self.text_) - begin:], name, progress or None)
+            # the gen's first request has its context (gen_begin told its rid); a later one continues the text
+            here = ctx if len(self.text_) == begin and self.current_rid == ctx.rid else self._context()
+            text, progress = self.backend.generate(here, _sampling(step.params))
+            return text, progress
+
+        reply = decode_tool_call(plan, sp, generate, thinking.close if thinking is not None else None)
+        self._append(reply.text[len(self.text_) - begin:], name, reply.meta)
+        if reply.call is not None:
+            self._hide(begin + reply.call_start, [reply.call])
+        return self.text_[begin:], {**reply.meta, "tool_calls": [reply.call] if reply.call is not None else []}
 
     def _thinks_first(self, name: str | None, ctx: GenContext) -> ReasoningFormat | None:
         """The reasoning format a gen's reply starts with: a separate_reasoning around it, else the backend's
@@ -563,25 +546,6 @@ class StreamExecutor:
             return None
         fmt = reasoning_format(fmt_name)
         return None if ctx.text.rstrip().endswith(fmt.close) else fmt
-
-    def _tool_call_after_reasoning(self, name: str | None, plan: ToolPlan, sp: dict[str, Any], ctx: GenContext,
-                                   fmt: ReasoningFormat) -> tuple[str, dict[str, Any]]:
-        """A required call from a model that thinks first: one request, free up to the reasoning's closing
-        marker, the call's grammar from there on (the engine's grammar_after, as `sgnb serve` does for
-        response_format). The text gets the reasoning, then the call in sgnb's format (<tool_call>...)."""
-        begin = len(self.text_)
-        raw, meta = self.backend.generate(ctx, _sampling({**plan.call_params(sp), "grammar_after": fmt.close}))
-        end = raw.find(fmt.close)
-        body = raw[end + len(fmt.close):].strip()
-        call = parse_call(body, plan) if end >= 0 else None
-        if call is None:  # cut off while thinking, or never closed the block: the text as it came
-            self._append(raw, name, meta)
-            return self.text_[begin:], {**meta, "tool_calls": []}
-        self._append(raw[: end + len(fmt.close)], name, meta)
-        start = len(self.text_)
-        self._append(f"\n\n{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}", name)
-        self._hide(start, [call])
-        return self.text_[begin:], {**meta, "tool_calls": [call]}
 
     def _hide(self, start: int, calls: list[dict[str, Any]]) -> None:
         """text_[start:] holds `calls`: it is not the open role's content, and the message carries the calls."""
@@ -666,16 +630,24 @@ class StreamExecutor:
             message["tool_call_id"] = self.role_answers
         return message
 
-    def _copy_into(self, other: StreamExecutor) -> None:
-        """What a fork, copy or continuation starts from: this state's text, messages, images and variables,
-        inside the same open role (with its calls)."""
-        other.text_, other.messages_, other.images_ = self.text_, list(self.messages_), list(self.images_)
-        other.variables = dict(self.variables)
-        for k in other.variables:
-            other.var_events[k].set()
-        other.cur_role, other.cur_role_begin = self.cur_role, self.cur_role_begin
-        other.role_hidden, other.role_calls = list(self.role_hidden), list(self.role_calls)
-        other.role_answers, other.unanswered = self.role_answers, list(self.unanswered)
+    def _derived(self, backend: Backend | None = None, defaults: GenParams | None = None,
+                 stream: bool | None = None, parent: StreamExecutor | None = None) -> StreamExecutor:
+        """A new executor that starts from this state (a fork's branch, a copy, a continuation): its settings
+        (the backend, defaults and stream unless given), its name, text, messages, images and variables, inside the
+        same open role (with its calls). `parent`: the state it branches from (its views see the branch)."""
+        new = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
+                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
+                             num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template,
+                             parent=parent)
+        new.name = self.name
+        new.text_, new.messages_, new.images_ = self.text_, list(self.messages_), list(self.images_)
+        new.variables = dict(self.variables)
+        for k in new.variables:
+            new.var_events[k].set()
+        new.cur_role, new.cur_role_begin = self.cur_role, self.cur_role_begin
+        new.role_hidden, new.role_calls = list(self.role_hidden), list(self.role_calls)
+        new.role_answers, new.unanswered = self.role_answers, list(self.unanswered)
+        return new
 
     def _image(self, node: ir.Image) -> None:
         media = Media("image", node.path)
@@ -856,12 +828,8 @@ class StreamExecutor:
                 self.backend.cache_prefix(self.text_)
         children = []
         for _ in range(n):
-            child = StreamExecutor(self.backend, self.defaults, stream=self.stream, use_thread=self.use_thread,
-                                   num_api_spec_tokens=self.num_api_spec_tokens,
-                                   chat_template=self.chat_template, parent=self)
-            child.name = self.name
+            child = self._derived(parent=self)
             self.children.add(child)
-            self._copy_into(child)
             child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
         self.emit({"type": "fork", "children": [c.id for c in children]})

@@ -14,6 +14,7 @@ Contracts:
   `call_schema`. "auto": text decoded with `text_params` (it stops where a call opens), then, when
   `opened_call` says one opened, the call decoded as for "required".
 - `parse_call` turns a constrained call's text into OpenAI's `tool_calls` entry, or None when max_tokens cut it.
+- `sgnb.tool_decode` runs these steps (one implementation for both).
 
 No torch: `import sgnb` imports this (the grammar check imports the engine's grammar module only when called).
 """

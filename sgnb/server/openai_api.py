@@ -47,17 +47,8 @@ from sgnb.server.protocol import (
     _validate,
 )
 from sgnb.server.streaming import EventStream, _ClientGone, _merge, _unless_disconnected
-from sgnb.tools import (
-    TOOL_CALL_OPEN,
-    ToolPlan,
-    call_text,
-    joined_meta,
-    opened_call,
-    parse_call,
-    tool_response_text,
-    tool_support,
-    tools_prompt,
-)
+from sgnb.tool_decode import ToolReply, tool_steps
+from sgnb.tools import ToolPlan, call_text, tool_response_text, tool_support, tools_prompt
 
 
 @dataclass(frozen=True)
@@ -330,18 +321,14 @@ class OpenAIRoutes(_Routes):
                 {"input_ids": job.input_ids, "sampling_params": s, "rid": r, **job.lp_kw, **job.mm}
                 for s, r in job.samples])
         plan = job.plan
-        if plan.mode == "required" and job.after is not None:  # think freely, the call's grammar from the marker on
-            calls = [{"input_ids": job.input_ids, "sampling_params": {**plan.call_params(s), "grammar_after": job.after},
-                      "rid": r, **job.lp_kw, **job.mm} for s, r in job.samples]
-        elif plan.mode == "required":
-            calls = [{"prompt": job.text + TOOL_CALL_OPEN + "\n", "sampling_params": plan.call_params(s), "rid": r,
-                      **job.lp_kw, **job.mm} for s, r in job.samples]
-        else:
-            calls = [{"input_ids": job.input_ids, "sampling_params": plan.text_params(s), "rid": r, **job.lp_kw,
-                      **job.mm} for s, r in job.samples]
-        firsts = await self._start_streams(request, calls)
+        # each reply's first request: the step `_tool_sample` starts from (it depends on plan, sp and after only)
+        firsts = [next(tool_steps(plan, s, job.after)) for s, _ in job.samples]
+        streams = await self._start_streams(request, [
+            {**({"prompt": job.text + step.prefix} if step.prefix else {"input_ids": job.input_ids}),
+             "sampling_params": step.params, "rid": r, **job.lp_kw, **job.mm}
+            for step, (_, r) in zip(firsts, job.samples)])
         return [self._tool_sample(plan, job.text, first, s, r, job.lp_kw, job.mm, job.after)
-                for first, (s, r) in zip(firsts, job.samples)]
+                for first, (s, r) in zip(streams, job.samples)]
 
     async def _collect_choices(self, request: Request, job: _ChatJob) -> list[tuple[str, dict]]:
         """Every choice's whole text and last chunk, for a non-streaming answer (the client leaving aborts)."""
@@ -540,10 +527,12 @@ class OpenAIRoutes(_Routes):
     async def _tool_sample(self, plan: ToolPlan, text: str, first: AsyncIterator[dict], sp: dict[str, Any],
                            rid: str, lp_kw: dict[str, Any], mm: dict[str, Any],
                            after: str | None = None) -> AsyncIterator[dict]:
-        """One choice as engine-like chunks: text chunks ("auto"), then a last chunk (it has "output_ids") whose
-        "tool_calls" holds the parsed call, or None when the reply is text (or a call cut short by max_tokens,
-        whose raw text is then the content). A required call after the reasoning (`after`: its closing marker)
-        is read from the text past the marker; the text up to it stays (the reasoning)."""
+        """One choice as engine-like chunks, `tool_steps` driven over the engine: `first` streams the reply's first
+        request; a text request's chunks go on as they come ("auto"), and a last chunk (it has "output_ids") holds
+        the rest of the content and "tool_calls": the parsed call, or None when the reply is text (or a call cut
+        short by max_tokens, whose raw text is then the content). A later request (the call) is read whole."""
+        steps = tool_steps(plan, sp, after)
+        step = next(steps)
         pieces: list[str] = []
         final: dict[str, Any] = {}
         async with contextlib.aclosing(first) as chunks:  # type: ignore[type-var]
@@ -552,37 +541,27 @@ class OpenAIRoutes(_Routes):
                     final = chunk
                     break
                 pieces.append(chunk["text"])
-                if plan.mode == "auto":
+                if step.streamed:
                     yield chunk
-        if plan.mode == "required":
-            raw = "".join(pieces) + final["text"]
-            end = raw.find(after) + len(after) if after is not None and after in raw else 0
-            call = parse_call(raw[end:].strip(), plan) if after is None or end else None
-            yield {**final, "text": raw[:end] if call else raw, "tool_calls": [call] if call else None}
-            return
-        opened = opened_call(final["meta_info"].get("finish_reason"))
-        tagged, bare = opened == "tagged", opened == "bare"
-        if opened is None:
-            yield {**final, "tool_calls": None}
-            return
-        tail = final["text"]
-        if tagged and tail.endswith(TOOL_CALL_OPEN):  # no_stop_trim keeps the marker
-            tail = tail[: -len(TOOL_CALL_OPEN)]
-        elif bare and sp.get("no_stop_trim"):
-            tail = ""
-        content = "".join(pieces) + tail
-        used = final["meta_info"].get("completion_tokens", 0)
-        prompt = text + content + TOOL_CALL_OPEN + "\n" if tagged else text
-        try:
-            out = await self.engine.async_generate(
-                prompt=prompt, sampling_params=plan.call_params(sp, sp["max_new_tokens"] - used), rid=f"{rid}-call",
-                fit_to_context=False, **lp_kw, **mm)
-        except Exception as e:
-            raise _engine_error(e) from e
-        call = parse_call(out["text"], plan)
-        raw = (TOOL_CALL_OPEN + "\n" if tagged else "") + out["text"]
-        yield {"text": tail if call else tail + raw, "meta_info": joined_meta(final["meta_info"], out["meta_info"]),
-               "output_ids": list(final["output_ids"]) + list(out["output_ids"]), "tool_calls": [call] if call else None}
+        head = "".join(pieces)
+        sent = len(head) if step.streamed else 0  # the content the chunks gave
+        output_ids = list(final["output_ids"])
+        decoded = (head + final["text"], final["meta_info"])
+        while True:
+            try:
+                step = steps.send(decoded)
+            except StopIteration as done:
+                reply: ToolReply = done.value
+                break
+            try:
+                out = await self.engine.async_generate(prompt=text + step.prefix, sampling_params=step.params,
+                                                       rid=f"{rid}-call", fit_to_context=False, **lp_kw, **mm)
+            except Exception as e:
+                raise _engine_error(e) from e
+            output_ids += out["output_ids"]
+            decoded = (out["text"], out["meta_info"])
+        yield {**final, "text": reply.content[sent:], "meta_info": reply.meta, "output_ids": output_ids,
+               "tool_calls": [reply.call] if reply.call else None}
 
     @staticmethod
     def _media_part(part: dict[str, Any], kind: str, where: str, media: _Media, images: list[Any],

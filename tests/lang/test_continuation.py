@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sgnb as sgl
+from sgnb.backends.base import Backend
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,46 @@ def test_copies_and_forks_of_a_finished_state(backend):
     forks.join()
     state += "Done."  # the parent was finished: the join's values are in the continued state
     assert len(state["y"]) == 2 and state.text().endswith("Done.")
+
+
+class _Calls(Backend):
+    """Answers a constrained gen (a tool call) with a call to add, any other gen with "ok"."""
+
+    def get_model_name(self) -> str:
+        return "calls"
+
+    def generate(self, ctx, params):
+        return ('{"name": "add", "arguments": {"a": 2, "b": 3}}' if params.json_schema else "ok"), {}
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+
+def test_forks_copies_and_continuations_inherit_the_open_role_and_its_calls():
+    """What a new executor inherits from its state (one copy for the three): the open assistant message with its
+    call, and, once it ended, the call a tool message answers next."""
+
+    @sgl.function
+    def asks(s):
+        s += sgl.user("Add 2 and 3.")
+        s += sgl.assistant_begin()
+        s += sgl.gen("call", tools=[ADD], tool_choice="required")
+
+    state = asks.run(backend=_Calls())
+    (call,) = state.tool_calls("call")
+    asked = {"role": "assistant", "content": "", "tool_calls": [call]}
+    copy = state.copy()
+    (fork,) = state.fork(1)
+    for branch in (copy, fork, state):  # state: its continuation
+        branch += sgl.assistant_end()
+        branch += sgl.tool("5")
+    for branch in (copy, fork, state):
+        assert branch.messages()[1:] == [asked, {"role": "tool", "content": "5", "tool_call_id": call["id"]}]
+        assert branch.text() == state.text()
+    later = state.copy()  # the call was answered: a copy has none left to answer
+    later += sgl.tool("again")
+    assert "tool_call_id" not in later.messages()[-1]
 
 
 def test_a_state_that_cannot_continue_says_so_at_the_append(backend):
