@@ -45,6 +45,7 @@ from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
+from sgnb.engine.tokenizer import TextOffsets, fit_pieces
 
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
 # the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
@@ -246,7 +247,9 @@ class Engine:
         if failure is not None:
             raise EngineError(f"the engine's model workers failed: {failure}") from failure
 
-    def _tokens(self, prompt: str | None, input_ids: Sequence[int] | None) -> list[int]:
+    def _tokens(self, prompt: str | None, input_ids: Sequence[int] | None) -> tuple[list[int], TextOffsets | None]:
+        """The prompt's token ids, checked against the model and the context, and for a text prompt where they
+        sit in its characters."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
         vocab = self.source.config.vocab_size
@@ -258,7 +261,7 @@ class Engine:
             if len(prompt) > (limit - 1) * self.tokenizer.max_token_chars:  # too long to fit: skip encoding it
                 raise ValueError(f"the prompt has {len(prompt)} characters, more than the {limit - 1} tokens this "
                                  f"engine takes could hold (context length {self.context_length})")
-            ids = self.tokenizer.encode(prompt)
+            ids, offsets = self.tokenizer.encode_with_offsets(prompt)
             if ids and max(ids) >= vocab:
                 raise ValueError(
                     f"the tokenizer turned this prompt into ids up to {max(ids)}, outside the model's vocabulary "
@@ -268,6 +271,7 @@ class Engine:
                        if self.source.dummy else ""))
         else:
             assert input_ids is not None  # exactly one of them
+            offsets = None
             if isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
                 raise ValueError("input_ids must be a list of ints")
             ids = [int(t) for t in input_ids]
@@ -279,7 +283,7 @@ class Engine:
         if len(ids) >= limit:
             raise ValueError(f"the prompt has {len(ids)} tokens; this engine takes at most {limit - 1} "
                              f"(context length {self.context_length}, KV pool {self.runner.kv_pool.size} tokens)")
-        return ids
+        return ids, offsets
 
     # ---- images and videos ----------------------------------------------------------------------------------
     @property
@@ -428,7 +432,7 @@ class Engine:
                 if not isinstance(item.rid, str):
                     raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
                 _check_unicode(item.rid, "rid")
-            ids = self._tokens(item.prompt, item.input_ids)
+            ids, offsets = self._tokens(item.prompt, item.input_ids)
             ids, placements = self._with_media(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None
@@ -472,7 +476,7 @@ class Engine:
                 req = Req(name, ids, dataclasses.replace(sp, n=1), return_logprob=bool(item.return_logprob),
                           logprob_start_len=start, top_logprobs_num=top)
                 req.grammar_future, req.grammar_key = grammar_future, grammar_key
-                req.mm = placements
+                req.mm, req.prompt_offsets = placements, offsets
                 if sp.seed is not None:
                     req.generator = torch.Generator(device=self.runner.device).manual_seed(sample_seed(sp.seed, j))
                 reqs.append(req)
@@ -496,6 +500,10 @@ class Engine:
         come at most that often (the tokens of the steps between travel together; the last chunk still comes
         the moment the request ends), so a consumer that shows text need not wake at every decode step.
         Interrupting the wait (KeyboardInterrupt) aborts the requests, which frees their KV and cache locks.
+
+        Besides SGLang's, a finished request's meta_info holds `output_tokens` (per output token: its text as
+        detokenized, the pieces joining to the text, and whether jump-forward forced it) and, for a text prompt,
+        `cached_chars` (how many of its characters the `cached_tokens` cover).
         """
         self._check_open()
         reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
@@ -710,6 +718,12 @@ class Engine:
         meta["forced_tokens"] = sum(req.forced)
         if req.grammar is not None:
             meta["output_forced"] = list(req.forced)
+        # each output token's text as the scheduler detokenized it (joined: the text) and whether jump-forward
+        # appended it; where the cache hit ends in a text prompt's characters: what views show
+        meta["output_tokens"] = list(zip(fit_pieces(req.pieces, len(req.output_ids), req.text), req.forced))
+        if req.prompt_offsets is not None:
+            cached = unexpanded_index(max(req.cached_tokens, 0), [(p.offset, p.item.num_tokens) for p in req.mm])
+            meta["cached_chars"] = req.prompt_offsets.prefix_chars(cached)
         if req.error is not None:
             meta["error"] = f"{type(req.error).__name__}: {req.error}"
         if req.return_logprob:

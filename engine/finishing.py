@@ -15,6 +15,7 @@ import torch
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampler import SampleOutput, sample
 from sgnb.engine.stops import first_stop, has_stop, regex_window_start
+from sgnb.engine.tokenizer import fit_pieces
 
 if TYPE_CHECKING:
     from sgnb.engine.scheduler import Scheduler
@@ -146,6 +147,7 @@ class Finishing:
         if k:  # drop the last k tokens; the newest had no KV yet, the other k - 1 did (request-owned)
             self.kv.truncate(req, fill_len - k)
             del req.output_ids[-k:], req.forced[-k:]
+            self._unread_past(req, len(req.output_ids))
             if req.return_logprob:
                 del req.output_token_logprobs[-k:], req.output_top_logprobs[-k:]
         self._append_forced(req, jf.forced_ids)
@@ -183,17 +185,35 @@ class Finishing:
             self._finish(req, {"type": "length", "length": n_out, "message": "context length reached"})
 
     def _advance_text(self: Scheduler, req: Req) -> None:
-        """Append the text of the newest tokens to req.text (incremental detokenization: a step costs its own
-        tokens, not the whole output; an incomplete UTF-8 character waits for the token that completes it)."""
-        new, req.detok_prefix, req.detok_read = self.tokenizer.decode_incremental(
-            req.output_ids, req.detok_prefix, req.detok_read, skip_special_tokens=req.sampling.skip_special_tokens)
-        req.text += new
+        """Read the tokens not read yet into req.text and req.pieces, one at a time (incremental
+        detokenization: a step costs its own tokens, not the whole output; an incomplete UTF-8 character waits
+        for the token that completes it, whose piece carries it; jump-forward's tokens get a piece each)."""
+        ids, skip = req.output_ids, req.sampling.skip_special_tokens
+        for end in range(req.detok_read + 1, len(ids) + 1):
+            base = req.detok_prefix  # the context decoded again: offsets relative to it
+            new, prefix, read = self.tokenizer.decode_incremental(ids[base:end], 0, req.detok_read - base,
+                                                                  skip_special_tokens=skip)
+            if new:
+                req.pieces += [""] * (end - 1 - len(req.pieces)) + [new]
+                req.text += new
+                req.detok_prefix, req.detok_read = base + prefix, base + read
 
     def _set_text(self: Scheduler, req: Req) -> None:
-        """req.text = the exact text of the whole output (at the end, or after jump-forward rewrote tokens)."""
+        """req.text = the exact text of the whole output (at the end, or after jump-forward rewrote tokens), with
+        every token read into req.pieces and the pieces fitted to it."""
+        self._advance_text(req)
         req.text = self.decode(req.output_ids, req.sampling.skip_special_tokens)
+        req.pieces = fit_pieces(req.pieces, len(req.output_ids), req.text)
         req.detok_read = len(req.output_ids)
         req.detok_prefix = max(req.detok_read - DETOK_CONTEXT, 0)
+
+    @staticmethod
+    def _unread_past(req: Req, n: int) -> None:
+        """Forget what reading the output past its first n tokens gave (they were rolled back)."""
+        if req.detok_read > n:
+            del req.pieces[n:]
+            req.text = "".join(req.pieces)
+            req.detok_read, req.detok_prefix = n, max(n - DETOK_CONTEXT, 0)
 
     def _check_stop_strings(self: Scheduler, req: Req) -> bool:
         """Finish the request if its text holds a stop string or stop regex match (trimmed off, in the exact

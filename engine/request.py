@@ -12,6 +12,7 @@ import torch
 from sgnb.engine.media import Placement
 from sgnb.engine.radix_cache import TreeNode
 from sgnb.engine.sampling_params import SamplingParams
+from sgnb.engine.tokenizer import TextOffsets
 
 
 class ReqStatus(enum.Enum):
@@ -43,6 +44,7 @@ class Req:
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.on_update = on_update
         self.mm: list[Placement] = []  # images / videos in origin_input_ids (their pad-id spans), by offset
+        self.prompt_offsets: TextOffsets | None = None  # a text prompt's tokens in its characters
         # scheduler state (scheduler thread only)
         self.status = ReqStatus.WAITING
         self.req_pool_idx: int | None = None
@@ -58,6 +60,9 @@ class Req:
         self.text = ""  # decoded output so far (incremental: see Scheduler._advance_text)
         self.detok_prefix = 0  # incremental detokenization offsets into output_ids
         self.detok_read = 0
+        # per output token read so far (detok_read of them): the text reading it added; they join to `text`
+        # until the end trims it (tokenizer.fit_pieces fits them then)
+        self.pieces: list[str] = []
         self.stop_scan = 0  # stop strings were searched in text[:stop_scan] already
         self.finish_reason: dict[str, Any] | None = None
         self.error: BaseException | None = None

@@ -901,10 +901,11 @@ def _schema_title(schema: str | None) -> str | None:
 
 def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """What a gen_end event carries for views: counts, timings (the engine's clock: ttft and e2e_latency both
-    from the request's arrival), the output tokens as (text, forced) pairs and, when the gen asked for
-    logprobs, their logprobs and top alternatives (the lists the backend returned, not copied)."""
-    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency", "ttft",
-            "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
+    from the request's arrival), where the cache hit ends in the prompt's characters (cached_chars, from the
+    engine), the output tokens as (text, forced) pairs and, when the gen asked for logprobs, their logprobs and
+    top alternatives (the lists the backend returned, not copied)."""
+    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_chars", "finish_reason", "e2e_latency",
+            "ttft", "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
     return {k: meta[k] for k in keys if k in meta}
 
 

@@ -30,11 +30,10 @@ from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
 from sgnb.widgets._ticker import Ticker
+from sgnb.widgets._tree_rows import CHAT_MARKER
 
 Event = dict[str, Any]
 
-# text that is a chat template's role marker rather than the user's words (shown muted)
-_TEMPLATE_MARK = re.compile(r"<\|[^|>]{1,40}\|>|<s>|</s>|\[/?INST\]|<<SYS>>")
 _META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency", "ttft",
               "decode_steps", "forced_tokens")
 MAX_TOKENS_SHOWN = 2000  # per gen
@@ -123,6 +122,9 @@ def align_tokens(text: str, pieces: list[str]) -> list[str] | None:
     for t in pieces:
         if pos >= len(text) and not (in_char and t.startswith("\ufffd")):
             break
+        if not t:  # a token that added no text
+            out.append("")
+            continue
         if in_char and t and "\ufffd" not in t:  # after bytes of characters: they end where this token reads
             j = text.find(t, pos, pos + 4 + len(t))
             if j > pos:
@@ -148,9 +150,10 @@ def align_tokens(text: str, pieces: list[str]) -> list[str] | None:
 
 def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
     """A gen's tokens for the view: [text, forced, logprob | None, [[alternative, logprob], ...] | None] each,
-    from the backend's (text, forced) pairs and, when logprobs were asked for, its logprob lists (the texts
-    of tokens the backend did not name read "#id"). None when the backend reported no tokens or they do not
-    read as the text."""
+    from the backend's (text, forced) pairs (the engine's pieces join to the text and are taken as they are;
+    other token texts are fitted to it) or else its logprob entries' token texts, and, when logprobs were asked
+    for, its logprob lists (the texts of tokens the backend did not name read "#id"). None when the backend reported no
+    tokens or they do not read as the text."""
     pairs = list(meta.get("output_tokens") or [])
     lps = list(meta.get("output_token_logprobs") or [])  # (logprob, id, text | None) per token
     tops = list(meta.get("output_top_logprobs") or [])  # a list of those (or None) per token
@@ -158,9 +161,13 @@ def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
         pairs = [(_piece(e), False) for e in lps]
     if not pairs:
         return None
-    parts = align_tokens(text, [str(t) for t, _ in pairs])
+    texts = [str(t) for t, _ in pairs]
+    exact = "".join(texts) == text
+    parts = texts if exact else align_tokens(text, texts)
     if parts is None:
         return None
+    while exact and parts and not parts[-1]:  # the engine's pieces past the text's end (a stop string, EOS)
+        parts.pop()
     out: list[list[Any]] = []
     for i, part in enumerate(parts[:MAX_TOKENS_SHOWN]):
         lp = _finite(lps[i][0]) if i < len(lps) and lps[i] else None
@@ -171,12 +178,13 @@ def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
 
 
 # a rough BPE: a word with its leading space, a digit, a run of spaces, any other character; a
-# chat-template marker is one token
-_TOKENISH = re.compile(_TEMPLATE_MARK.pattern + r"| ?[A-Za-z]{1,10}|\d|\s+|[^\sA-Za-z\d]")
+# chat-template marker (with its role name) is one token
+_TOKENISH = re.compile(CHAT_MARKER.pattern + r"| ?[A-Za-z]{1,10}|\d|\s+|[^\sA-Za-z\d]")
 
 
 def estimate_tokens(text: str) -> int:
-    """About how many tokens `text` is (the known counts around it scale the estimates)."""
+    """About how many tokens `text` is (the known counts around it scale the estimates): for backends that do
+    not say where a cache hit ends in the prompt's characters (the engine's cached_chars)."""
     return len(_TOKENISH.findall(text))
 
 
@@ -406,7 +414,7 @@ class ProgramView(anywidget.AnyWidget):
         if var is not None:  # a select's choice arrives as text first, then the select event
             p.segments.append({"k": "select", "var": var, "text": text, "choices": []})
             return
-        seg = {"k": "text", "text": text, "tmpl": bool(_TEMPLATE_MARK.search(text))}
+        seg = {"k": "text", "text": text, "tmpl": bool(CHAT_MARKER.search(text))}  # a role marker: shown muted
         p.segments.append(seg)
         p.unread.append((seg, start))
 
@@ -465,7 +473,7 @@ class ProgramView(anywidget.AnyWidget):
         if p.open_gen is ended:
             p.open_gen = None
         if isinstance(e.get("prompt_chars"), int):
-            self._mark_cached(p, seg, e["prompt_chars"])
+            self._mark_cached(p, seg, e["prompt_chars"], meta.get("cached_chars"))
 
     def _think_done(self, p: _Program, seg: dict[str, Any], meta: dict[str, Any]) -> None:
         """The gen ended: the rest of its split, the reasoning's exact token count (its tokens up to where the
@@ -519,16 +527,23 @@ class ProgramView(anywidget.AnyWidget):
             if p.chars > start:
                 p.pieces.append((start, p.chars, estimate_tokens(str(e.get("answer") or ""))))
 
-    def _mark_cached(self, p: _Program, seg: dict[str, Any], prompt_chars: int) -> None:
+    def _mark_cached(self, p: _Program, seg: dict[str, Any], prompt_chars: int, reported: Any = None) -> None:
         """Mark the prompt text this gen read first (the text segments since the last gen, and its ancestors'
-        before the fork when it is a branch's first gen) with how much of it the cache served, and learn this
-        gen's (characters, tokens) points for the next gens' estimates."""
+        before the fork when it is a branch's first gen) with how much of it the cache served: where the
+        backend says the hit ends (`reported`: the engine's cached_chars), else an estimate from the token
+        counts; and learn this gen's (characters, tokens) points for the next gens' estimates."""
         m = seg["meta"]
         prompt, cached, done = m.get("prompt_tokens"), m.get("cached_tokens"), m.get("completion_tokens")
         if not isinstance(prompt, int) or not isinstance(cached, int):
             return
         p.chars = prompt_chars + len(seg["text"])  # the interpreter's count is exact: realign on it
-        cut, exact = cached_chars(p.pieces, p.anchors, prompt_chars, prompt, cached)
+        if isinstance(reported, int) and 0 <= reported <= prompt_chars:
+            # the engine computes a prompt's last token again even when the cache holds it (for its logits), so a
+            # hit of all but that token is what finding the whole prompt reads as
+            whole = 0 < cached and cached >= prompt - 1
+            cut, exact = prompt_chars if whole else reported, True
+        else:
+            cut, exact = cached_chars(p.pieces, p.anchors, prompt_chars, prompt, cached)
         readers: list[tuple[dict[str, Any], int]] = []
         prog: _Program | None = p
         limit = prompt_chars

@@ -68,16 +68,18 @@ THINK_CLOSE = tuple(sorted({f.close for f in FORMATS.values()}, key=len, reverse
 _ROLE_NAMES = {"system": "system", "developer": "system", "user": "user", "human": "user", "assistant": "assistant",
                "model": "assistant", "gpt": "assistant", "bot": "assistant", "tool": "tool", "ipython": "tool",
                "function": "tool"}
-_MARKER = re.compile(
+# a chat template's markers in text (a role's opening with its name, a turn's end, other special tokens) and
+# the reasoning formats' markers: what the tree views draw as glyphs and the program view shows muted
+CHAT_MARKER = re.compile(
     "(?P<think>" + "|".join(map(re.escape, THINK_OPEN)) + ")\n*"  # reasoning (before <|end|> and the specials)
     "|(?P<unthink>" + "|".join(re.escape(m) for m in THINK_CLOSE if m != "<|end|>") + ")\n*|"
     r"<\|im_start\|>(?P<chatml>\w+)\n?"  # ChatML (Qwen, SmolLM, ...)
     r"|<\|start_header_id\|>(?P<header>\w+)<\|end_header_id\|>\n*"  # Llama 3
     r"|<start_of_turn>(?P<turn>\w+)\n?"  # Gemma
     r"|<\|(?P<tag>system|user|assistant|tool)\|>\n?"  # Phi-3, Zephyr
-    r"|(?P<inst>\[INST\])|(?P<einst>\[/INST\])"  # Llama 2, Mistral
-    r"|(?P<end><\|im_end\|>|<\|eot_id\|>|<end_of_turn>|<\|end\|>|<\|endoftext\|>|</s>)\n?"
-    r"|(?P<special><\|[\w.-]+\|>|<s>)"
+    r"|(?P<inst>\[INST\])|(?P<einst>\[/INST\])|(?P<sys><<SYS>>)\n?"  # Llama 2, Mistral
+    r"|(?P<end><\|im_end\|>|<\|eot_id\|>|<end_of_turn>|<\|end\|>|<\|endoftext\|>|</s>|<</SYS>>)\n?"
+    r"|(?P<special><\|[^|<>\s]{1,40}\|>|<s>)"
 )
 
 Label = Callable[[int, int], tuple[str, list[dict[str, Any]]]]  # (node id, tokens) -> (text, media)
@@ -102,7 +104,7 @@ def display_label(text: str) -> str:
     """`text` with each chat-template marker replaced by its glyph (see GLYPHS)."""
     if "<" not in text and "[" not in text:
         return text
-    return _MARKER.sub(_glyph, text)
+    return CHAT_MARKER.sub(_glyph, text)
 
 
 def _glyph(m: re.Match[str]) -> str:
@@ -117,6 +119,8 @@ def _glyph(m: re.Match[str]) -> str:
         return GLYPHS["user"]
     if m.group("einst"):
         return GLYPHS["assistant"]
+    if m.group("sys"):
+        return GLYPHS["system"]
     return GLYPHS["end"] if m.group("end") else GLYPHS["special"]
 
 

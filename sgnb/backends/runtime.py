@@ -144,28 +144,21 @@ class Runtime(Backend):
             return json.dumps(out)
         out = self.engine.generate(**self._request(ctx, params))
         _raise_if_aborted(out["meta_info"], out["text"])
-        return out["text"], self._with_tokens(out["meta_info"], out["output_ids"])
+        return out["text"], out["meta_info"]
 
     def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
         outs = self.engine.generate(**self._request(ctx, params))  # one request: the n samples share the prefix
         outs = outs if isinstance(outs, list) else [outs]
         for out in outs:
             _raise_if_aborted(out["meta_info"], out["text"])
-        return [(out["text"], self._with_tokens(out["meta_info"], out["output_ids"])) for out in outs]
-
-    def _with_tokens(self, meta: dict[str, Any], output_ids: list[int]) -> dict[str, Any]:
-        """Add the output tokens as (text, forced) pairs, for views that mark jump-forward spans."""
-        forced = meta.get("output_forced") or [False] * len(output_ids)
-        tt = self.engine.tokenizer.token_text
-        return {**meta, "output_tokens": [(tt(t), bool(f)) for t, f in zip(output_ids, forced)]}
+        return [(out["text"], out["meta_info"]) for out in outs]
 
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         for chunk in self.engine.generate(**self._request(ctx, params), stream=True,
                                           stream_interval_s=self.stream_interval_s):
             meta = chunk["meta_info"]
-            if "finish_reason" in meta:  # the last chunk: complete meta_info and the output ids
+            if "finish_reason" in meta:  # the last chunk: the complete meta_info (output_tokens included)
                 _raise_if_aborted(meta, chunk["text"])
-                meta = self._with_tokens(meta, chunk["output_ids"])
             yield chunk["text"], meta
 
     def select(self, ctx: GenContext, choices: list[str], temperature: float,

@@ -137,6 +137,29 @@ def test_exact_cached_tokens_accounting(engine):
     assert_pool_consistent(engine)
 
 
+def test_output_tokens_and_cached_chars(engine):
+    """meta_info's output_tokens: each output token's text as the scheduler detokenized it (a character split over
+    tokens is carried by the one that completes it; tokens past a trimmed stop string or EOS read "") with
+    whether jump-forward forced it; they join to the text. cached_chars: where the cache hit ends in a text
+    prompt's characters (none for input_ids)."""
+    prompt = f"<|im_start|>user\nSay hi {time.time_ns()}.<|im_end|>\n<|im_start|>assistant\n"
+    cases = [{"max_new_tokens": 16}, {"max_new_tokens": 16, "stop": [" "]}, {"max_new_tokens": 200},
+             {"max_new_tokens": 16, "regex": "(日本語|naïve) [a-z]{2,8}!"}]
+    for params in cases:
+        out = engine.generate(prompt, {"temperature": 0, **params})
+        meta, text = out["meta_info"], out["text"]
+        pairs = meta["output_tokens"]
+        assert len(pairs) == len(out["output_ids"]) and "".join(t for t, _ in pairs) == text, (params, pairs)
+        assert [f for _, f in pairs] == meta.get("output_forced", [False] * len(pairs))
+        assert meta["cached_chars"] == len(engine.tokenizer.decode(
+            engine.tokenizer.encode(prompt)[:meta["cached_tokens"]], skip_special_tokens=False))
+    assert any(f for _, f in pairs) and "\ufffd" not in "".join(t for t, _ in pairs)  # the regex gen's
+    longer = engine.generate(prompt + "Hi", {"max_new_tokens": 1, "temperature": 0})["meta_info"]
+    assert longer["cached_tokens"] > 0 and longer["cached_chars"] == len(prompt)
+    assert "cached_chars" not in engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})[
+        "meta_info"]
+
+
 def _greedy(engine, prompts, n=12, **kw):
     outs = engine.generate(prompts, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
                            return_logprob=True, top_logprobs_num=2, **kw)

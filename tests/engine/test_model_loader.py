@@ -29,7 +29,7 @@ from sgnb.engine.model_loader import (
     smollm2_gguf_path,
     unpermute_rope_rows,
 )
-from sgnb.engine.tokenizer import Tokenizer
+from sgnb.engine.tokenizer import Tokenizer, fit_pieces
 
 # Varied text for tokenizer comparisons. No whitespace run directly before a digit here: see test_digit_split.
 TEXTS = [
@@ -216,6 +216,28 @@ def test_tokenizer_properties(tok: Tokenizer) -> None:
     assert tok.decode(tok.encode("<|im_start|>hi<|im_end|>")) == "hi"
     assert tok.token_text(10**6) == ""  # ids beyond the vocabulary (dummy models) read as nothing
     assert tok.token_to_id("<|im_end|>") == 2
+
+
+def test_encode_with_offsets(tok: Tokenizer) -> None:
+    """prefix_chars(k): the characters the first k tokens cover (a character split over tokens: all of it)."""
+    text = "<|im_start|>user\nnaïve 日本語 🎉 done<|im_end|>\n"
+    ids, offsets = tok.encode_with_offsets(text)
+    assert ids == tok.encode(text)
+    ends = [offsets.prefix_chars(k) for k in range(len(ids) + 2)]
+    assert ends[0] == 0 and ends[-2] == ends[-1] == len(text) and ends == sorted(ends)
+    for k, end in enumerate(ends[:-1]):
+        decoded = tok.decode(ids[:k], skip_special_tokens=False)
+        assert decoded == text[:end] or decoded.endswith("\ufffd"), (k, decoded, text[:end])
+
+
+def test_fit_pieces() -> None:
+    """Pieces fitted to the text the request ended with: cut with a stop string, EOS and what followed read "",
+    a character held back goes to the next token, a text that reads otherwise is split by the pieces' lengths."""
+    assert fit_pieces(["He", "llo", " wor", "ld"], 4, "Hello world") == ["He", "llo", " wor", "ld"]
+    assert fit_pieces(["He", "llo", " wor", "ld"], 5, "Hello wo") == ["He", "llo", " wo", "", ""]
+    assert fit_pieces(["a"], 3, "a\ufffd") == ["a", "\ufffd", ""]
+    assert fit_pieces(["a", "b"], 2, "abc") == ["a", "bc"]
+    assert fit_pieces(["x", "yy"], 2, "abc") == ["a", "bc"]
 
 
 def test_tokenizer_add_bos(tok: Tokenizer) -> None:
@@ -537,3 +559,5 @@ def test_sentencepiece_style_tokenizer(tmp_path: Path) -> None:
     chunks = _stream(tok, ids)
     assert chunks[:3] == ["", "the", " cat"] and all("\ufffd" not in c for c in chunks)
     assert "".join(chunks) == tok.decode(ids) == "the cat é cat"
+    ids, offsets = tok.encode_with_offsets("the cat")
+    assert [offsets.prefix_chars(k) for k in range(len(ids) + 1)] == [0, 0, 3, 7]  # BOS covers no character

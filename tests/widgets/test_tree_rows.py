@@ -3,9 +3,11 @@ the lab panel, the engine's view API they read through, and the events that name
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,10 +117,19 @@ def test_siblings_of_one_shape_become_a_few_examples_and_a_count():
     ("Plain text, a < b and [x].", "Plain text, a < b and [x]."),
     ("<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone<|im_end|>", "\ue002\ue007plan\n\ue008Done\ue005"),
     ("[THINK]hm[/THINK]Yes", "\ue007hm\ue008Yes"),
+    ("<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", "\ue006\ue001 \ue000Be brief.\n\ue005\nHi \ue002"),
 ])
 def test_chat_template_markers_become_role_glyphs(text, shown):
     assert display_label(text) == shown
     assert set(shown) - set(text) <= set(GLYPHS.values())
+
+
+def test_the_drawing_knows_every_glyph():
+    """radix_tree_draw.js matches no markers itself: it draws the glyphs the rows carry, one entry of its GLYPHS
+    table per glyph of _tree_rows, classed by the glyph's name."""
+    js = Path(_tree_rows.__file__).with_name("radix_tree_draw.js").read_text()
+    table = re.findall(r'^\s*"\\u([0-9a-f]{4})": \["(\w+)"', js, re.M)
+    assert {chr(int(code, 16)): name for code, name in table} == {c: name for name, c in GLYPHS.items()}
 
 
 def test_labels_say_where_siblings_part():

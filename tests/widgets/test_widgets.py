@@ -569,6 +569,29 @@ def test_program_view_marks_the_cached_prompt(runtime):
         assert g["meta"]["cached_tokens"] >= g["meta"]["prompt_tokens"] - 2 and g["cached_chars"] > 0
 
 
+def test_program_view_takes_the_reported_cached_chars():
+    """A backend that says where the cache hit ends in the prompt's characters (the engine's cached_chars) is
+    taken at its word, no estimate; a hit of all but the prompt's last token (the one the engine computes again
+    for its logits) shades the whole prompt."""
+    def run(cached_tokens: int, cached_chars: int) -> dict:
+        view = ProgramView()
+        meta = {"prompt_tokens": 6, "cached_tokens": cached_tokens, "completion_tokens": 1,
+                "cached_chars": cached_chars, "output_tokens": [("!", False)]}
+        for e in [{"type": "text", "text": "Hello there, "}, {"type": "text", "text": "friend"},
+                  {"type": "gen_begin", "var": "x", "rid": "r"}, {"type": "text", "text": "!", "var": "x"},
+                  {"type": "gen_end", "var": "x", "rid": "r", "meta_info": meta, "prompt_chars": 19},
+                  {"type": "end"}]:
+            view.on_event({"program": "q", "parent": None, **e})
+        view.flush()
+        return view.programs[0]
+
+    prog = run(3, 11)
+    assert [s.get("cached") for s in segs(prog, "text")] == [11, 0]
+    (g,) = segs(prog, "gen")
+    assert g["cached_chars"] == 11 and g["cached_exact"] and g["tokens"] == [["!", False, None, None]]
+    assert [s.get("cached") for s in segs(run(5, 13), "text")] == [13, 6]
+
+
 def test_cached_chars_estimate():
     assert cached_chars([], [(0, 0)], 400, 100, 0) == (0, True)
     assert cached_chars([], [(0, 0), (120, 30)], 400, 100, 30) == (120, True)  # at an earlier gen's end
