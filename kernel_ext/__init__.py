@@ -9,7 +9,7 @@
   shows gen's signature in any cell.
 
 The magics are thin: they parse their line and call sgnb's public API (`sgnb.Runtime`, `set_default_backend`,
-`SglFunction.run`, `sgnb.notebook`) and the views of `sgnb.widgets`. Loading the extension imports no torch;
+`SglFunction.run`, `sgnb.cell`) and the views of `sgnb.widgets`. Loading the extension imports no torch;
 `%sgl model` does. If SGNB_BACKEND is set (`sgnb run --backend`), that backend becomes the default.
 """
 
@@ -50,11 +50,11 @@ def load_ipython_extension(ip: Any) -> None:
 
 
 def share_primitives(ip: Any) -> dict[str, Any]:
-    """Put what a `%%sgl` cell sees without importing (`sgnb.notebook.prelude()`) in the user namespace, where
+    """Put what a `%%sgl` cell sees without importing (`sgnb.cell.prelude()`) in the user namespace, where
     the name is free, hidden from `%who` (`push(interactive=False)`); returns what was added. The completer
     and the inspector look names up there: this is what makes `gen(` + Shift-Tab and `gen(max_t` + Tab work
     in `%%sgl` cells (and plain ones). A `%%sgl` cell reads the same objects either way."""
-    from sgnb.notebook import prelude
+    from sgnb.cell import prelude
 
     free = {name: value for name, value in prelude().items() if name not in ip.user_ns}
     ip.push(free, interactive=False)

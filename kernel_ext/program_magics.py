@@ -12,11 +12,11 @@ from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
+from sgnb.cell import CellNamespace, cell_function, compile_cell, run_definitions
 from sgnb.interpreter import ProgramError, show_user_traceback
 from sgnb.kernel_ext import display as show
 from sgnb.kernel_ext.interrupt import InterruptibleBackend
 from sgnb.kernel_ext.session import KernelSession
-from sgnb.notebook import CellNamespace, cell_function, compile_cell, run_definitions
 from sgnb.state import ProgramState
 from sgnb.user_code import frame_at
 

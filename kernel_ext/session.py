@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 
 import sgnb
 from sgnb.backends.base import Backend, BackendError
-from sgnb.notebook import BACKEND_ENV, backend_from_spec, pinned_backend
+from sgnb.headless import BACKEND_ENV, backend_from_spec, pinned_backend
 
 
 class KernelSession:

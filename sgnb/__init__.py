@@ -102,8 +102,8 @@ def unload_ipython_extension(ip: Any) -> None:
 
 def load_notebook(path: str, name: str | None = None) -> Any:
     """Import a notebook's definitions (`@function` programs, imports, constants) as a module without running
-    its programs; see sgnb.notebook.load_notebook for exactly which statements run."""
-    from sgnb.notebook import load_notebook as load
+    its programs; see sgnb.notebook_import.load_notebook for exactly which statements run."""
+    from sgnb.notebook_import import load_notebook as load
 
     return load(path, name)
 

@@ -185,7 +185,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sgnb.notebook import parse_parameter
+    from sgnb.headless import parse_parameter
 
     if (args.function is None) != (args.input is None):
         raise SystemExit("sgnb run: error: --function and --input go together")
@@ -207,7 +207,8 @@ def _run_notebook(args: argparse.Namespace, parameters: dict[str, Any]) -> int:
     import nbformat
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-    from sgnb.notebook import execute, inject_parameters, write_notebook
+    from sgnb.export import write_notebook
+    from sgnb.headless import execute, inject_parameters
 
     path = Path(args.notebook)
     if args.output and Path(args.output).suffix.lower() not in (".ipynb", ".html", ".htm"):
@@ -241,7 +242,8 @@ def _run_dataset(args: argparse.Namespace) -> int:
 
     import sgnb
     from sgnb.function import SglFunction
-    from sgnb.notebook import backend_from_spec, load_notebook, read_jsonl, run_dataset
+    from sgnb.headless import backend_from_spec, read_jsonl, run_dataset
+    from sgnb.notebook_import import load_notebook
 
     module = load_notebook(args.notebook)
     fn = getattr(module, args.function, None)
@@ -295,7 +297,7 @@ def _export(args: argparse.Namespace) -> int:
 
     import nbformat
 
-    from sgnb.notebook import saved_widget_state, write_notebook
+    from sgnb.export import saved_widget_state, write_notebook
 
     path = Path(args.notebook)
     out = Path(args.output) if args.output else path.with_suffix(".html")

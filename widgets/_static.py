@@ -15,7 +15,7 @@ of `program_view.js` and `radix_tree_draw.js`, and in `stats_draw.js`):
 state a saved notebook keeps under `metadata.widgets`) and returns None for any other widget. The views'
 `_repr_mimebundle_` puts the snapshot under `text/html` beside the widget (`with_snapshot`). A view displayed
 before its run (a `%%sgl` cell's, a run_batch's) sends its output again when the run is over (`_display.py`), so
-a notebook saved from JupyterLab keeps the final picture; and `sgnb.notebook.add_static_views` redraws every
+a notebook saved from JupyterLab keeps the final picture; and `sgnb.export.add_static_views` redraws every
 snapshot from the saved widget state when a notebook is executed or written.
 
 Only inline styles and plain tags (tables, pre, details, sup): GitHub drops `<style>` and classes, so the

@@ -1,6 +1,6 @@
 /*
  * offline_page.js: draws the saved widgets of an exported notebook page with no kernel and no network. sgnb's HTML
- * export (sgnb.notebook.export_html) inlines this classic script in place of the @jupyter-widgets/html-manager,
+ * export (sgnb.export.export_html) inlines this classic script in place of the @jupyter-widgets/html-manager,
  * require.js and anywidget that nbconvert's page loads from public CDNs.
  *
  * The page holds the widget state (<script type="application/vnd.jupyter.widget-state+json">, all models) and one

@@ -19,14 +19,8 @@ import pytest
 from browsers import open_browser, shoot
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from sgnb.notebook import (
-    WIDGET_VIEW,
-    _page_needs,
-    add_static_views,
-    execute_notebook,
-    export_html,
-    write_notebook,
-)
+from sgnb.export import _page_needs
+from sgnb.notebook import WIDGET_VIEW, add_static_views, execute_notebook, export_html, write_notebook
 from sgnb.widgets._static import batch_html, program_html, snapshot_html, stats_html, tree_html
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]+src=[\"']https?:")  # what nbconvert's own page loads from CDNs
