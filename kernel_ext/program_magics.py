@@ -155,8 +155,7 @@ class ProgramMagics(Magics):
             state = state or getattr(e, "program_state", None)  # interrupted in the body: run() kept the state
             if state is not None:  # first: the states read "interrupted", not the failure of an aborted request
                 self._user_ns[output] = state
-                for exe in (state.executor, *state.executor.descendants()):
-                    exe.abort()
+                state.executor.abort_all()
             clean = guard.interrupt()
             if state is not None:  # the programs record what their aborted gens wrote (the view shows it)
                 for exe in (state.executor, *state.executor.descendants()):
@@ -166,15 +165,15 @@ class ProgramMagics(Magics):
             interrupted = KeyboardInterrupt(f"interrupted: the cell's requests were aborted{late}")
             tb = e.__traceback__
             if not _reaches(tb, filename) and state is not None:  # it waited in the magic: show the running line
-                tb = frame_at(state.executor.error_where or state.executor.where_) or tb
+                tb = frame_at(state.executor.current_line) or tb
             raise show_user_traceback(interrupted, below=here).with_traceback(tb) from None
         finally:
             if view is not None:
                 view.flush()
                 show.refresh_view(view)  # the output's static snapshot: the finished program, not the empty view
-        error = state.executor.error_
-        if error is not None:
-            _raise_in_cell(error, state.executor.error_where, filename, here)
+        failure = state.executor.failure
+        if failure is not None:
+            _raise_in_cell(failure.error, failure.where, filename, here)
         if view is None:
             display(show.variables_summary(state) if streamed else show.transcript(state))
         return state.ret_value

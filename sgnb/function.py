@@ -159,9 +159,8 @@ class SglFunction:
     def _run(self, backend: Backend, arguments: dict[str, Any], defaults: GenParams, stream: bool,
              use_thread: bool, subscribers: list[Callable[[dict], None]]) -> ProgramState:
         exe = StreamExecutor(backend, defaults, stream=stream, use_thread=use_thread,
-                             num_api_spec_tokens=self.num_api_spec_tokens)
-        exe.name = self.__name__
-        exe.subscribers.extend(subscribers)
+                             num_api_spec_tokens=self.num_api_spec_tokens, name=self.__name__,
+                             subscribers=subscribers)
         exe.emit({"type": "program_begin", "name": self.__name__,
                   "arguments": {k: repr(v)[:200] for k, v in arguments.items()}})
         return self._run_body(ProgramState(exe), arguments)
@@ -174,8 +173,7 @@ class SglFunction:
             # views learn of it as of a primitive's failure (a cell that raised must not read "done")
             exe.fail(e, _body_location(e), interrupted=isinstance(e, KeyboardInterrupt))
             if not isinstance(e, Exception):  # KeyboardInterrupt: the whole run stops, forks and copies too
-                for branch in (exe, *exe.descendants()):
-                    branch.abort()
+                exe.abort_all()
                 exe.end()
                 e.program_state = state  # type: ignore[attr-defined]  # (the caller may keep the state)
                 raise

@@ -42,8 +42,8 @@ import types
 import uuid
 import weakref
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from sgnb import ir
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
@@ -171,6 +171,15 @@ class ProgramError(RuntimeError):
         return render_traceback(shown, _chain(tb, origin))
 
 
+class Failure(NamedTuple):
+    """How a program failed: the error as it was caught, the program line ("file:line: statement") it happened
+    at when known, and whether an interrupt (`abort`) stopped the program rather than an error of its own."""
+
+    error: BaseException
+    where: str | None
+    interrupted: bool
+
+
 def show_user_traceback(exc: BaseException, below: types.FrameType | None = None,
                         tb: types.TracebackType | None = None) -> BaseException:
     """Make IPython show `exc` with only the user's frames (`user_traceback`, computed when it is shown, over
@@ -212,9 +221,10 @@ def _names_set_by(node: ir.Node) -> list[str]:
 class StreamExecutor:
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
                  use_thread: bool = True, num_api_spec_tokens: int | None = None,
-                 chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None) -> None:
+                 chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None, name: str = "",
+                 subscribers: Iterable[Callable[[dict[str, Any]], None]] = ()) -> None:
         self.id = f"p{next(_ids)}"
-        self.name = ""  # the program's name (views show it)
+        self.name = name  # the program's name (views show it)
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
@@ -249,7 +259,8 @@ class StreamExecutor:
         self.error_tb: types.TracebackType | None = None
         self.program_scratch: dict[str, Any] = {}
         self.current_rid: str | None = None
-        self.subscribers: list[Callable[[dict[str, Any]], None]] = list(parent.subscribers) if parent else []
+        self.subscribers: list[Callable[[dict[str, Any]], None]] = [*(parent.subscribers if parent else ()),
+                                                                    *subscribers]
         self.parent_id = parent.id if parent else None
         # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
         self.chunks: list[tuple[str | None, str, dict | None]] = []  # (variable, text, the gen's meta so far)
@@ -791,12 +802,30 @@ class StreamExecutor:
         if self.current_rid is not None:
             self.backend.abort(self.current_rid)
 
+    def abort_all(self) -> None:
+        """Abort this state, then its forks and copies (`descendants()`): an interrupt stops the whole run."""
+        for exe in (self, *self.descendants()):
+            exe.abort()
+
     def raise_error(self) -> None:
         if self.error_ is not None:
             error = ProgramError(_describe(self.error_, self.error_where), self.error_where,
                                  _describe(self.error_, None))
             error.origin = self.error_tb
             raise error from self.error_
+
+    # ---- what callers and views read of a run (the fields behind it are assigned in this class only) -----
+    @property
+    def failure(self) -> Failure | None:
+        """The program's failure, the first one `fail` recorded; None while it has not failed."""
+        error = self.error_
+        return None if error is None else Failure(error, self.error_where, self.aborted)
+
+    @property
+    def current_line(self) -> str | None:
+        """The program line the state is at: its failure's, else that of the innermost node being run (None
+        between nodes, or when no node knows its line)."""
+        return self.error_where or self.where_
 
     def emit(self, event: dict[str, Any]) -> None:
         if not self.subscribers:

@@ -130,7 +130,8 @@ class ProgramState:
         """Wait for the program; raise its error, unless it was interrupted: an interrupted program's text,
         messages and variables are what it wrote until then (an interrupted gen's partial text included)."""
         self.executor.sync()
-        if not self.executor.aborted:
+        failure = self.executor.failure
+        if failure is None or not failure.interrupted:
             self.executor.raise_error()
 
     def text(self) -> str:
@@ -167,10 +168,10 @@ class ProgramState:
         sent: dict[str | None, int] = {}  # output logprobs already yielded, per variable
         while True:
             with exe.chunks_cond:
-                while i >= len(exe.chunks) and not exe.done and exe.error_ is None:
+                while i >= len(exe.chunks) and not exe.done and exe.failure is None:
                     exe.chunks_cond.wait(0.1)
                 batch, i = exe.chunks[i:], len(exe.chunks)
-                finished = exe.done or exe.error_ is not None
+                finished = exe.done or exe.failure is not None
             for var, text, meta in batch:
                 if var_name is None or var == var_name:
                     if return_meta_data and meta and meta.get("output_token_logprobs") is not None:

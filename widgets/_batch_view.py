@@ -121,9 +121,10 @@ class BatchView(anywidget.AnyWidget):
                     continue
                 exe = state.executor
                 row.values.update({k: v if isinstance(v, str) else repr(v) for k, v in exe.variables.items()})
-                if exe.error_ is not None:
-                    row.status = "interrupted" if exe.aborted else "error"
-                    row.error = row.error or _short(f"{type(exe.error_).__name__}: {exe.error_}", 300)
+                failure = exe.failure
+                if failure is not None:
+                    row.status = "interrupted" if failure.interrupted else "error"
+                    row.error = row.error or _short(f"{type(failure.error).__name__}: {failure.error}", 300)
                 elif row.status in ("queued", "running"):
                     row.status = "done"
             for row in self._rows:
