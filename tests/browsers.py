@@ -98,12 +98,17 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | None = None,
                    settings: Mapping[str, Any] | None = None, args: Sequence[str] = (),
-                   timeout: float = 60.0) -> Iterator[str]:
+                   timeout: float = 60.0, kernels_for: Sequence[str] = ()) -> Iterator[str]:
     """`python -m jupyterlab` (or `notebook`) over `root` (default `tmp_path`) on a free port with no token;
     yields its URL once it answers; stopped with SIGTERM (its kernels too). Its log is tmp_path/server.log.
 
     With `settings` ({file under @jupyterlab/apputils-extension: JSON}, e.g. {"themes": {"theme": "JupyterLab
-    Dark"}}) it runs with config, settings and workspaces of its own under tmp_path, no "fetch news?" toast."""
+    Dark"}}) it runs with config, settings and workspaces of its own under tmp_path, no "fetch news?" toast.
+
+    `kernels_for` (notebook paths under root) get their session and an idle kernel before the URL is yielded, so
+    the page that opens one connects to that kernel. Left to the page, JupyterLab at times starts two kernels for a
+    notebook in the same few milliseconds, the second start shutting down the first while it still launches; the
+    page then shows an idle kernel that never runs a cell, or "Disconnected" (seen in CI and here, ~1 run in 4)."""
     pytest.importorskip(module)
     root = tmp_path if root is None else root
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -135,6 +140,8 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
                 assert server.poll() is None, log_path.read_text(errors="replace")[-3000:]
                 assert time.monotonic() < deadline, f"{module} did not start in {timeout:.0f} s"
                 time.sleep(0.25)
+            for path in kernels_for:
+                start_kernel(url, path)
             yield url
         finally:
             server.send_signal(signal.SIGTERM)
@@ -143,6 +150,24 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def start_kernel(url: str, path: str) -> None:
+    """A session for the notebook at `path` (POST /api/sessions: its python3 kernel started; the page that
+    opens the notebook connects to it and waits for it to be idle)."""
+    import http.cookiejar
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with opener.open(f"{url}/lab", timeout=30):  # the page sets the _xsrf cookie a POST must echo
+        pass
+    xsrf = next((c.value for c in jar if c.name == "_xsrf"), "")
+    body = json.dumps({"path": path, "name": Path(path).name, "type": "notebook",
+                       "kernel": {"name": "python3"}}).encode()
+    request = urllib.request.Request(f"{url}/api/sessions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "X-XSRFToken": xsrf})
+    with opener.open(request, timeout=60) as r:  # answers once the kernel process has started
+        assert json.load(r)["kernel"]["id"]
 
 
 def built_labextension() -> Path:
@@ -170,37 +195,69 @@ def labextension_args(tmp_path: Path) -> list[str]:
 STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]/.test(e.textContent))"
 
 
-def dismiss_dialogs(page: Any) -> None:
-    """Accept any modal dialog JupyterLab opened by itself (seen once in CI-like runs: a jp-Dialog over the
-    menu bar took Run All Cells' click for 30 s), printing its text so a failing test shows what it was."""
+# a Select Kernel dialog's choice of the kernel the notebook's session already has ("live.ipynb (1e6b52f9)"), if
+# it lists one: choosing it keeps that kernel, where the default choice (a new Python 3 kernel) shuts it down
+KEEP_SESSION_KERNEL = """() => {
+  const select = document.querySelector('.jp-Dialog select');
+  if (!select) return false;
+  const own = [...select.options].find(o => /\\([0-9a-f]{8}\\)$/.test(o.textContent.trim()));
+  if (!own) return false;
+  select.value = own.value;
+  select.dispatchEvent(new Event('change', {bubbles: true}));
+  return true;
+}"""
+
+
+def dismiss_dialogs(page: Any) -> bool:
+    """Accept any modal dialog JupyterLab opened by itself (seen in CI-like runs: a jp-Dialog over the menu bar
+    took Run All Cells' click for 30 s; a "Select Kernel" dialog that Run All Cells opened although the notebook
+    had its kernel), printing its text so a failing test shows what it was. Returns whether there was one."""
+    seen = False
     for _ in range(3):
         dialog = page.locator(".jp-Dialog")
         if not dialog.count():
-            return
+            return seen
+        seen = True
         print("JupyterLab dialog dismissed:", dialog.first.inner_text(timeout=5_000)[:300].replace("\n", " | "))
+        page.evaluate(KEEP_SESSION_KERNEL)
         accept = page.locator(".jp-Dialog .jp-mod-accept")
         if accept.count():
             accept.first.click(timeout=5_000)
         else:
             page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
+        # wait until it is gone before looking again: a closing "Select Kernel" dialog stays in the page a moment,
+        # and a second click on its button starts another kernel, whose start shuts down the first one's (seen
+        # here: three kernels in one second, the notebook left "Disconnected")
+        try:
+            page.wait_for_function("() => !document.querySelector('.jp-Dialog')", timeout=10_000)
+        except Exception:
+            pass  # still there (or another one): the next round looks at it
+    return seen
 
 
 def run_all_cells(page: Any, tries: int = 3) -> None:
     """Run > Run All Cells, until a cell shows it ran or runs (within 20 s of a click): on a loaded machine the
     first click can land before the notebook panel takes commands. Only the click is retried: once a cell has
-    started, what the cells do next is the caller's to wait for (a retry then would run them all twice)."""
+    started, what the cells do next is the caller's to wait for (a retry then would run them all twice). A
+    dialog the click opened (Select Kernel) held the run back: once it is answered, the cells run without
+    another click."""
     for _ in range(tries):
-        dismiss_dialogs(page)
+        if dismiss_dialogs(page):
+            try:
+                page.wait_for_function(STARTED, timeout=20_000)
+                return
+            except Exception:
+                pass
         try:
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=15_000)
             page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=15_000)
         except Exception:  # a dialog that opened meanwhile took the click: dismissed on the next try
             page.keyboard.press("Escape")
             continue
-        try:
-            page.wait_for_function(STARTED, timeout=20_000)
-            return
+        try:  # a cell started, or a dialog opened (answered on the next round)
+            page.wait_for_function(f"() => ({STARTED})() || !!document.querySelector('.jp-Dialog')", timeout=20_000)
+            if page.evaluate(STARTED):
+                return
         except Exception:
             page.keyboard.press("Escape")
     raise AssertionError("Run All Cells did not start any cell")

@@ -482,9 +482,10 @@ def test_stream_interval_coalesces_steps_and_ends_at_once(engine):
         pieces.append(chunk["text"])
     elapsed = time.monotonic() - t0
     assert "".join(pieces) == full["text"]
-    # the chunks before the last came >= 0.15 s apart, whatever delays the consumer itself saw (a loaded machine)
+    # the chunks before the last came >= 0.15 s apart, whatever delays the consumer itself saw (a loaded machine);
+    # so where the 48 steps took less than 48 intervals, steps travelled together (no count of chunks is asserted
+    # apart from this: on a machine loaded enough for a step to take 0.15 s, every step is a chunk of its own)
     assert (len(pieces) - 2) * 0.15 <= elapsed, (len(pieces), elapsed)
-    assert len(pieces) < 48  # steps travelled together (48 steps take more than one interval on any machine)
     t0 = time.monotonic()
     chunks = list(engine.generate(PROMPT, {**sp, "max_new_tokens": 4}, stream=True, stream_interval_s=60))
     assert time.monotonic() - t0 < 30 and chunks[-1]["meta_info"]["completion_tokens"] == 4

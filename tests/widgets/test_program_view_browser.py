@@ -350,7 +350,7 @@ def test_batch_view_table(browser, runtime, monkeypatch):
 def lab_notebook(tmp_path):
     """JupyterLab over a copy of notebooks/tree_of_thought_fork.ipynb (no token); yields its URL."""
     (tmp_path / "tot.ipynb").write_bytes((ROOT / "notebooks" / "tree_of_thought_fork.ipynb").read_bytes())
-    with jupyter_server(tmp_path) as url:
+    with jupyter_server(tmp_path, kernels_for=["tot.ipynb"]) as url:
         yield url + "/lab/tree/tot.ipynb?reset"
 
 

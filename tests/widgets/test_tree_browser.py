@@ -645,7 +645,8 @@ def dark_lab(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     write_notebook(root / "tree.ipynb", LIVE_CELLS)
-    with jupyter_server(tmp_path, root=root, settings={"themes": {"theme": "JupyterLab Dark"}}) as url:
+    with jupyter_server(tmp_path, root=root, settings={"themes": {"theme": "JupyterLab Dark"}},
+                        kernels_for=["tree.ipynb"]) as url:
         yield url + "/lab/tree/tree.ipynb?reset"
 
 

@@ -257,7 +257,7 @@ runtime = sgl.Runtime(engine=engine)""",
     """\
 @sgl.function
 def story(s):
-    s += "Once upon a time" + sgl.gen("story", max_tokens=32, temperature=0, ignore_eos=True)
+    s += "Once upon a time" + sgl.gen("story", max_tokens=120, temperature=0, ignore_eos=True)
 
 tree = RadixTreeView(engine)
 stats = EngineStats(engine, interval=0.25)
@@ -274,10 +274,11 @@ time.sleep(0.5)""",
     """\
 %load_ext sgnb
 %sgl backend runtime""",
-    # a %%sgl cell with no flag: its view streams, and its header counts the tokens as they come
+    # a %%sgl cell with no flag: its view streams, and its header counts the tokens as they come (120 tokens: long
+    # enough for several of the view's updates, which come at <= 20 Hz and slower when a flush takes long)
     """\
 %%sgl --temperature 0
-s += "A tale:" + gen("tale", max_tokens=40, ignore_eos=True)""",
+s += "A tale:" + gen("tale", max_tokens=120, ignore_eos=True)""",
 ]
 
 
@@ -289,7 +290,7 @@ def jupyter_lab(request, tmp_path):
     """A JupyterLab 4 or Notebook 7 server over tmp_path (no token); yields the notebook's URL."""
     module, path = APPS[request.param]
     write_notebook(tmp_path / "live.ipynb", LIVE_NOTEBOOK)
-    with jupyter_server(tmp_path, module) as url:
+    with jupyter_server(tmp_path, module, kernels_for=["live.ipynb"]) as url:
         yield url + path
 
 
@@ -323,10 +324,13 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
             page.wait_for_selector(".sgnb-pv-gen[data-var='tale']", timeout=180_000)
             page.wait_for_function("document.querySelectorAll('.sgnb-pv-status.done').length >= 2",
                                    timeout=120_000)
-        except Exception:
+        except Exception as e:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
-            raise
+            # what the cells printed (a traceback, a dead kernel) is what CI's log can show of a failure here
+            outputs = page.locator(".jp-OutputArea").all_inner_texts()
+            status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
+            raise AssertionError(f"kernel {status}; cell outputs: {outputs}") from e
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         seen = page.evaluate("window.sgnbSeen")
         final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
@@ -341,7 +345,7 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     tales = sorted(set(seen["tale"]))
     assert len([n for n in tales if n > 0]) >= 4, f"the %%sgl view streamed: {tales}"
     generated = {int(m) for h in seen["heads"] for m in re.findall(r"(\d+) generated", h)}
-    assert len(generated) >= 3 and max(generated) == 40, f"the header counted as it went: {sorted(generated)}"
+    assert len(generated) >= 3 and max(generated) == 120, f"the header counted as it went: {sorted(generated)}"
 
 
 # a reasoning gen (notebooks/reasoning.ipynb's form, sampled and at least 20 characters long, so that the thinking
@@ -387,7 +391,7 @@ def test_live_reasoning_block_streams_folded_and_unfolds_on_a_click(chromium, tm
     the block shows the reasoning."""
     write_notebook(tmp_path / "think.ipynb", THINK_NOTEBOOK)
     # settings of its own: no "fetch news?" toast over the view
-    with jupyter_server(tmp_path, settings={}) as url, open_browser(chromium) as browser:
+    with jupyter_server(tmp_path, settings={}, kernels_for=["think.ipynb"]) as url, open_browser(chromium) as browser:
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         page.goto(url + "/lab/tree/think.ipynb?reset")
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
