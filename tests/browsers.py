@@ -105,8 +105,8 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
     With `settings` ({file under @jupyterlab/apputils-extension: JSON}, e.g. {"themes": {"theme": "JupyterLab
     Dark"}}) it runs with config, settings and workspaces of its own under tmp_path, no "fetch news?" toast.
 
-    `kernels_for` (notebook paths under root) get their session and an idle kernel before the URL is yielded, so
-    the page that opens one connects to that kernel. Left to the page, JupyterLab at times starts two kernels for a
+    `kernels_for` (notebook paths under root) get their session, its kernel started, before the URL is yielded,
+    so the page that opens one connects to that kernel. Left to the page, JupyterLab at times starts two kernels for a
     notebook in the same few milliseconds, the second start shutting down the first while it still launches; the
     page then shows an idle kernel that never runs a cell, or "Disconnected" (seen in CI and here, ~1 run in 4)."""
     pytest.importorskip(module)

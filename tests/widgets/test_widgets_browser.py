@@ -348,8 +348,8 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
     assert len(generated) >= 3 and max(generated) == 120, f"the header counted as it went: {sorted(generated)}"
 
 
-# a reasoning gen (notebooks/reasoning.ipynb's form, sampled and at least 20 characters long, so that the thinking
-# has words to stream over several of the view's updates)
+# a reasoning gen (notebooks/reasoning.ipynb's form, sampled, its thinking 120-160 characters: enough tokens to
+# stream over several of the view's updates, which come at <= 20 Hz; 20-60 characters streamed in one update in CI)
 THINK_NOTEBOOK = [
     """\
 import json, time
@@ -362,7 +362,7 @@ runtime = sgl.Runtime(engine=Engine("smollm2"))""",
 def thinker(s):
     s += sgl.user("What is 2 + 3?")
     s += sgl.separate_reasoning(sgl.assistant(sgl.gen(
-        "answer", regex=r"<think>[a-z ]{20,60}</think>The answer is [0-9]", max_tokens=80, temperature=0.8)),
+        "answer", regex=r"<think>[a-z ]{120,160}</think>The answer is [0-9]", max_tokens=250, temperature=0.8)),
         model_type="qwen3")
 
 view = ProgramView(title="thinker")
