@@ -7,6 +7,7 @@ tests/notebooks/test_offline_export.py) share what is here; what each page shows
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import json
 import os
 import re
@@ -75,6 +76,16 @@ def shoot(locator: Any, name: str, **options: Any) -> Path:
     path = ARTIFACTS / name
     locator.screenshot(path=str(path), **options)
     return path
+
+
+def notebook_failed(page: Any, name: str) -> AssertionError:
+    """A notebook page that did not get where a test waited: its full-page screenshot as test-artifacts/NAME, and
+    an error saying the kernel's status and what the cells printed (a traceback, a dead kernel), which is all
+    that CI's log shows of it. Raise it `from` the wait's exception."""
+    shoot(page, name, full_page=True)
+    outputs = page.locator(".jp-OutputArea").all_inner_texts()
+    status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
+    return AssertionError(f"kernel {status}; cell outputs: {outputs}")
 
 
 # ---- Jupyter servers -------------------------------------------------------------------------------------------
@@ -155,8 +166,6 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
 def start_kernel(url: str, path: str) -> None:
     """A session for the notebook at `path` (POST /api/sessions: its python3 kernel started; the page that
     opens the notebook connects to it and waits for it to be idle)."""
-    import http.cookiejar
-
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     with opener.open(f"{url}/lab", timeout=30):  # the page sets the _xsrf cookie a POST must echo

@@ -24,6 +24,7 @@ from browsers import (
     ORIGIN,
     ROOT,
     jupyter_server,
+    notebook_failed,
     open_browser,
     run_all_cells,
     shoot,
@@ -325,12 +326,7 @@ def test_live_widgets_update_while_the_cell_runs(chromium, jupyter_lab):
             page.wait_for_function("document.querySelectorAll('.sgnb-pv-status.done').length >= 2",
                                    timeout=120_000)
         except Exception as e:
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"widgets-live-{app}-failed.png"), full_page=True)
-            # what the cells printed (a traceback, a dead kernel) is what CI's log can show of a failure here
-            outputs = page.locator(".jp-OutputArea").all_inner_texts()
-            status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
-            raise AssertionError(f"kernel {status}; cell outputs: {outputs}") from e
+            raise notebook_failed(page, f"widgets-live-{app}-failed.png") from e
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         seen = page.evaluate("window.sgnbSeen")
         final = page.locator(".sgnb-pv-gen[data-var='story']").inner_text()
@@ -402,9 +398,8 @@ def test_live_reasoning_block_streams_folded_and_unfolds_on_a_click(chromium, tm
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             page.wait_for_function("document.querySelector('.jp-OutputArea-output pre')?.textContent"
                                    ".includes('reasoning')", timeout=30_000)
-        except Exception:
-            shoot(page, "reasoning-live-failed.png", full_page=True)
-            raise
+        except Exception as e:
+            raise notebook_failed(page, "reasoning-live-failed.png") from e
         printed = json.loads([t for t in page.locator(".jp-OutputArea-output pre").all_inner_texts()
                               if '"reasoning"' in t][-1].strip().splitlines()[-1])
         block = page.locator(".sgnb-pv-think")
