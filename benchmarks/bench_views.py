@@ -17,6 +17,7 @@ cache:
   table, not streamed), `table` (the live BatchView a notebook's run_batch shows, streamed: the default),
   `table-nostream` (the table, gens shown when they end) and `program-view` (a ProgramView over the whole
   batch, streamed). Programs/s.
+- the table's fixed work on the cell's thread per batch (made, displayed, finished), in ms.
 
 A variant's cost is the median over rounds of its time against that round's `none`; the target is <= 3%.
 The physical limit is the engine itself: `none` is the run with no view at all. Prints a table; writes JSON
@@ -101,6 +102,20 @@ for r in range({rounds}):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             results[kind].setdefault(v, []).append(fn(v))
+# the table's own work on the cell's thread per batch, apart from the run: made, displayed, finished
+from sgnb.widgets._batch_view import BatchView
+from sgnb.widgets._display import show
+args = [{{"i": i}} for i in range({batch})]
+states = qa.run_batch(args, subscribers=[lambda e: None], stream=False)
+parts = {{"init": [], "display": [], "finish": []}}
+for _ in range(10):
+    t0 = time.perf_counter(); view = BatchView("qa", args); t1 = time.perf_counter()
+    show(view); t2 = time.perf_counter()
+    view.finish(states); t3 = time.perf_counter()
+    view.close()
+    for k, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+        parts[k].append(dt)
+results["table_parts_ms"] = {{k: round(1000 * statistics.median(v), 2) for k, v in parts.items()}}
 print("RESULTS " + json.dumps(results))
 """
 
@@ -130,6 +145,7 @@ def main() -> None:
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     line = next(x for x in printed.splitlines() if x.startswith("RESULTS "))
     raw = json.loads(line[len("RESULTS "):])
+    parts = raw.pop("table_parts_ms")
     rows = []
     for kind, unit in (("single", "tokens/s"), ("batch", "programs/s")):
         base = raw[kind]["none"]
@@ -142,8 +158,12 @@ def main() -> None:
     for r in rows:
         print(f"{r['workload']:8} {r['variant']:15} {r['median']:10.2f}  {r['ratio_to_none']:8.3f}  "
               f"{r['cost_pct']:6.2f}%  ({r['unit']})")
-    payload = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "benchmark": "bench_views", "device": device_name(), "model": args.model, "settings": fmt,
-               "target": "cost <= 3% (views streamed vs none)", "rows": rows,
+    base = statistics.median(raw["batch"]["none"])
+    print(f"the table's own work per batch (cell thread, ms): {parts}; a batch without views lasts "
+          f"{1000 * args.batch / base:.0f} ms")
+    payload = {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "benchmark": "bench_views",
+               "device": device_name(), "model": args.model, "settings": fmt,
+               "target": "cost <= 3% (views streamed vs none)", "rows": rows, "table_parts_ms": parts,
                "wall_seconds": round(time.time() - t0, 1)}
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2))

@@ -132,11 +132,15 @@ class SglFunction:
             ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
             top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
             stream: bool = False, backend: Backend | None = None, use_thread: bool = True,
-            subscribers: list[Callable[[dict], None]] | None = None, **kwargs: Any) -> ProgramState:
-        """Run the program; returns its state at once (gens run in the background; reading waits)."""
+            subscribers: list[Callable[[dict], None]] | None = None, stream_interval_s: float | None = None,
+            **kwargs: Any) -> ProgramState:
+        """Run the program; returns its state at once (gens run in the background; reading waits). With
+        `stream`, a gen's text comes in pieces at most every `stream_interval_s` seconds (default: the
+        backend's pace)."""
         defaults = self._defaults(locals())
         arguments = self._bind_args(args, kwargs)
-        return self._run(_resolve_backend(backend), arguments, defaults, stream, use_thread, subscribers or [])
+        return self._run(_resolve_backend(backend), arguments, defaults, stream, use_thread, subscribers or [],
+                         stream_interval_s)
 
     def run_on(self, state: ProgramState, *args: Any, backend: Backend | None = None, stream: bool | None = None,
                subscribers: list[Callable[[dict], None]] | None = None, sampling: dict[str, Any] | None = None,
@@ -157,8 +161,10 @@ class SglFunction:
         return self._run_body(state, arguments)
 
     def _run(self, backend: Backend, arguments: dict[str, Any], defaults: GenParams, stream: bool,
-             use_thread: bool, subscribers: list[Callable[[dict], None]]) -> ProgramState:
-        exe = StreamExecutor(backend, defaults, stream=stream, use_thread=use_thread,
+             use_thread: bool, subscribers: list[Callable[[dict], None]],
+             stream_interval_s: float | None = None) -> ProgramState:
+        exe = StreamExecutor(backend, defaults, stream=stream, stream_interval_s=stream_interval_s,
+                             use_thread=use_thread,
                              num_api_spec_tokens=self.num_api_spec_tokens, name=self.__name__,
                              subscribers=subscribers)
         exe.emit({"type": "program_begin", "name": self.__name__,
@@ -201,13 +207,16 @@ class SglFunction:
                   return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False, frontend_hints: bool = True,
                   subscribers: list[Callable[[dict], None]] | None = None,
-                  stream: bool | None = None, generator_style: bool = False) -> Any:
+                  stream: bool | None = None, generator_style: bool = False,
+                  stream_interval_s: float | None = None) -> Any:
         """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
         (its state's error() tells). With frontend_hints, the program's constant prefix is traced and cached
         first, so the batch shares it from the start. In a notebook, with no subscribers given, a live table
         of the programs (arguments, variables, status, progress) is displayed (instead of the progress bar).
-        `stream`: gens stream token by token to the subscribers and the table (default: when the table is
-        shown). As in SGLang, each item is a dict of arguments or a list of them by position; with
+        `stream`: gens stream to the subscribers and the table (default: when the table is shown), their text in
+        pieces at most every `stream_interval_s` seconds (default: the table's refresh, 0.25 s, with the table;
+        the backend's pace, 0.05 s in-process, without: 64 programs' threads waking 20 times a second cost a
+        GPU-speed batch ~5% of its throughput, benchmarks/bench_views.py). As in SGLang, each item is a dict of arguments or a list of them by position; with
         `generator_style=True` the states come one by one, in batch order, as each finishes (a generator)."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or of positional argument lists)")
@@ -217,12 +226,14 @@ class SglFunction:
                     for kw in batch_kwargs]
         if generator_style:
             return self._batch_generator(all_args, backend, defaults, num_threads, progress_bar, frontend_hints,
-                                         subscribers, bool(stream))
+                                         subscribers, bool(stream), stream_interval_s)
         if frontend_hints and global_config.enable_precache_with_tracing and len(all_args) > 1:
             self.cache(backend)
         num_threads = _thread_count(num_threads, len(all_args))
         view = None if subscribers else _batch_view(self.__name__, all_args)
         streamed = view is not None if stream is None else bool(stream)
+        if stream_interval_s is None and view is not None:
+            stream_interval_s = view.interval
         bar = None
         if progress_bar and view is None:
             from tqdm.auto import tqdm
@@ -237,7 +248,8 @@ class SglFunction:
             if cancelled.is_set():
                 return None
             feed = [view.subscriber_for(index)] if view is not None else []
-            state = self._run(backend, arguments, defaults, streamed, True, [*(subscribers or []), *feed])
+            state = self._run(backend, arguments, defaults, streamed, True, [*(subscribers or []), *feed],
+                              stream_interval_s)
             live[index] = state
             if cancelled.is_set():
                 state.abort()
@@ -267,7 +279,8 @@ class SglFunction:
 
     def _batch_generator(self, all_args: list[dict[str, Any]], backend: Backend, defaults: GenParams,
                          num_threads: int | str, progress_bar: bool, frontend_hints: bool,
-                         subscribers: list[Callable[[dict], None]] | None, stream: bool) -> Iterator[ProgramState]:
+                         subscribers: list[Callable[[dict], None]] | None, stream: bool,
+                         stream_interval_s: float | None) -> Iterator[ProgramState]:
         """run_batch(generator_style=True): the programs run as run_batch runs them; each state is yielded, in
         batch order, once it has finished. Closing the generator early (or an interrupt) aborts the rest."""
         if frontend_hints and global_config.enable_precache_with_tracing and len(all_args) > 1:
@@ -285,7 +298,7 @@ class SglFunction:
         def one(arguments: dict[str, Any]) -> ProgramState | None:
             if cancelled.is_set():
                 return None
-            state = self._run(backend, arguments, defaults, stream, True, list(subscribers or []))
+            state = self._run(backend, arguments, defaults, stream, True, list(subscribers or []), stream_interval_s)
             live.append(state)
             if cancelled.is_set():
                 state.abort()

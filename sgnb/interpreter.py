@@ -220,7 +220,7 @@ def _names_set_by(node: ir.Node) -> list[str]:
 
 class StreamExecutor:
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
-                 use_thread: bool = True, num_api_spec_tokens: int | None = None,
+                 stream_interval_s: float | None = None, use_thread: bool = True, num_api_spec_tokens: int | None = None,
                  chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None, name: str = "",
                  subscribers: Iterable[Callable[[dict[str, Any]], None]] = ()) -> None:
         self.id = f"p{next(_ids)}"
@@ -228,6 +228,7 @@ class StreamExecutor:
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
+        self.stream_interval_s = stream_interval_s  # GenContext's: how often a streamed gen's pieces come
         self.num_api_spec_tokens = num_api_spec_tokens
         self.chat_template = chat_template or backend.get_chat_template()
         self.text_ = ""
@@ -448,7 +449,7 @@ class StreamExecutor:
         if self.cur_role is not None:  # an open role: its content so far is the last message
             messages.append(self._role_message())
         return GenContext(self.text_, messages, self.current_rid, list(self.images_), self.program_scratch,
-                          self.num_api_spec_tokens, self.cur_role)
+                          self.num_api_spec_tokens, self.cur_role, self.stream_interval_s)
 
     def _gen(self, node: ir.Gen) -> None:
         params = node.params.merged(self.defaults)
@@ -647,7 +648,8 @@ class StreamExecutor:
         (the backend, defaults and stream unless given), its name, text, messages, images and variables, inside the
         same open role (with its calls). `parent`: the state it branches from (its views see the branch)."""
         new = StreamExecutor(backend or self.backend, self.defaults if defaults is None else defaults,
-                             stream=self.stream if stream is None else stream, use_thread=self.use_thread,
+                             stream=self.stream if stream is None else stream,
+                             stream_interval_s=self.stream_interval_s, use_thread=self.use_thread,
                              num_api_spec_tokens=self.num_api_spec_tokens, chat_template=self.chat_template,
                              parent=parent)
         new.name = self.name

@@ -20,7 +20,7 @@ import traitlets
 
 from sgnb.widgets._display import refresh
 from sgnb.widgets._esm import bundle
-from sgnb.widgets._ticker import Ticker
+from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
 
 Event = dict[str, Any]
 
@@ -86,7 +86,7 @@ class BatchView(anywidget.AnyWidget):
     summary = traitlets.Dict().tag(sync=True)
 
     def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
-                 interval: float = 0.25, **kwargs: Any) -> None:
+                 interval: float = BATCH_INTERVAL, **kwargs: Any) -> None:
         super().__init__(title=title, **kwargs)
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.RLock()
@@ -95,7 +95,8 @@ class BatchView(anywidget.AnyWidget):
         self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
         self._t_begin = time.time()
         self._t_end: float | None = None
-        self._ticker = Ticker(self.flush, max(interval, 0.05), "sgnb-batch-view", idle_stop=2.0)
+        self.interval = max(interval, 0.05)  # seconds between syncs; run_batch streams its gens at this pace too
+        self._ticker = Ticker(self.flush, self.interval, "sgnb-batch-view", idle_stop=2.0)
         self._send_rows()
 
     # ---- feeding -----------------------------------------------------------------------------------------
@@ -112,8 +113,8 @@ class BatchView(anywidget.AnyWidget):
 
     def finish(self, states: list[Any]) -> None:
         """The batch is over: each row takes its state's variables and final status (a None state: cancelled)."""
-        self.flush()
         with self._flush_lock:
+            self._fold()
             for row, state in zip(self._rows, states):
                 if state is None:
                     if row.status in ("queued", "running"):
@@ -140,16 +141,20 @@ class BatchView(anywidget.AnyWidget):
 
     # ---- folding events into rows ------------------------------------------------------------------------
     def flush(self) -> bool:
+        """Fold the buffered events into the rows and sync them (one message). False when nothing was pending."""
         with self._flush_lock:
-            with self._lock:
-                events, self._pending = self._pending, []
-            if not events:
+            if not self._fold():
                 return False
-            for index, when, event in events:
-                if 0 <= index < len(self._rows):
-                    self._apply(self._rows[index], event, when)
             self._send_rows()
             return True
+
+    def _fold(self) -> bool:
+        with self._lock:
+            events, self._pending = self._pending, []
+        for index, when, event in events:
+            if 0 <= index < len(self._rows):
+                self._apply(self._rows[index], event, when)
+        return bool(events)
 
     def _apply(self, row: _Row, e: Event, now: float) -> None:
         kind, pid = e.get("type"), str(e.get("program") or "")

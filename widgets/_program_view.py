@@ -29,7 +29,7 @@ import traitlets
 from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
-from sgnb.widgets._ticker import Ticker
+from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
 from sgnb.widgets._tree_rows import CHAT_MARKER
 
 Event = dict[str, Any]
@@ -302,9 +302,17 @@ class ProgramView(anywidget.AnyWidget):
         return state
 
     def run_batch(self, fn: Any, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[Any]:
-        """`fn.run_batch(batch_kwargs, ...)` with this view subscribed (blocks until all finish, like run_batch)."""
+        """`fn.run_batch(batch_kwargs, ...)` with this view subscribed (blocks until all finish, like run_batch).
+        Meanwhile the view refreshes, and streamed gens come, at a batch's pace (`BATCH_INTERVAL`, unless
+        `stream_interval_s=` says otherwise)."""
         subscribers = [*(kwargs.pop("subscribers", None) or []), self.on_event]
-        states = fn.run_batch(batch_kwargs, subscribers=subscribers, **kwargs)
+        kwargs.setdefault("stream_interval_s", BATCH_INTERVAL)
+        own = self._ticker.interval
+        self._ticker.interval = max(own, kwargs["stream_interval_s"] or 0.0)
+        try:
+            states = fn.run_batch(batch_kwargs, subscribers=subscribers, **kwargs)
+        finally:
+            self._ticker.interval = own
         self.flush()
         return states
 

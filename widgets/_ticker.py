@@ -11,6 +11,11 @@ from collections.abc import Callable
 
 log = logging.getLogger("sgnb.widgets")
 
+# Views of a batch of programs (the run_batch table, a ProgramView over run_batch) refresh at most this often, and
+# their programs' gens stream at this pace: a GPU-speed batch of 64 programs whose threads woke 20 times a second
+# each lost ~5% of its throughput to them (benchmarks/bench_views.py). A single program's view keeps 0.05 s.
+BATCH_INTERVAL = 0.25
+
 
 class Ticker:
     """Calls `tick()` on a daemon thread every `interval` seconds until `stop()`.

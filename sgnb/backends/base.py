@@ -33,6 +33,9 @@ class GenContext:
     program: dict[str, Any] = field(default_factory=dict)
     num_api_spec_tokens: int | None = None
     in_role: str | None = None  # the role whose content is being written, if any
+    # a streamed gen's pieces come at most this often (the steps between travel together); None: the backend's
+    # own pace. A view that refreshes at 4 Hz asks for 0.25 s: its programs' threads then wake no more often
+    stream_interval_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -154,8 +154,8 @@ class Runtime(Backend):
         return [(out["text"], out["meta_info"]) for out in outs]
 
     def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
-        for chunk in self.engine.generate(**self._request(ctx, params), stream=True,
-                                          stream_interval_s=self.stream_interval_s):
+        interval = self.stream_interval_s if ctx.stream_interval_s is None else ctx.stream_interval_s
+        for chunk in self.engine.generate(**self._request(ctx, params), stream=True, stream_interval_s=interval):
             meta = chunk["meta_info"]
             if "finish_reason" in meta:  # the last chunk: the complete meta_info (output_tokens included)
                 _raise_if_aborted(meta, chunk["text"])

@@ -37,7 +37,7 @@ NOT_A_GEN_KEYWORD = {"grammar_after"}
 SERVER_SET = {"grammar_after"}
 # run()'s arguments that are not sampling values
 RUN_OWN = {"self", "args", "kwargs", "batch_kwargs", "stream", "backend", "use_thread", "subscribers", "num_threads",
-           "progress_bar", "frontend_hints", "generator_style"}
+           "progress_bar", "frontend_hints", "generator_style", "stream_interval_s"}
 
 
 def _keywords(fn, own: set[str]) -> dict[str, inspect.Parameter]:

@@ -602,6 +602,40 @@ def test_cached_chars_estimate():
     assert cached_chars([(0, 63, 16), (63, 69, 4)], [(0, 0)], 69, 20, 16) == (63, False)
 
 
+def test_a_batch_streams_into_a_program_view_at_a_batchs_pace(runtime):
+    """ProgramView.run_batch streams its programs' gens in pieces at most every BATCH_INTERVAL seconds (a gen
+    of `elapsed` seconds comes in at most elapsed / interval + 2 pieces), then at the view's own pace again."""
+    from sgnb.widgets._ticker import BATCH_INTERVAL
+
+    @sgl.function
+    def tale(s, i):
+        s += PREFIX + f"Tale {i}:" + sgl.gen("t", max_tokens=48, temperature=0, ignore_eos=True)
+
+    pieces: dict[str, list[float]] = {}
+    spans: dict[str, list[float]] = {}
+
+    def record(e):
+        now = time.monotonic()
+        if e["type"] == "gen_begin":
+            spans[e["program"]] = [now]
+        elif e["type"] == "text" and e.get("var") == "t":
+            pieces.setdefault(e["program"], []).append(now)
+        elif e["type"] == "gen_end":
+            spans[e["program"]].append(now)
+
+    view = ProgramView()
+    own = view._ticker.interval
+    states = view.run_batch(tale, [{"i": i} for i in range(3)], backend=runtime, stream=True,
+                            subscribers=[record])
+    assert {st.executor.stream_interval_s for st in states} == {BATCH_INTERVAL}
+    assert len(pieces) == 3 and view._ticker.interval == own
+    for program, times in pieces.items():
+        elapsed = spans[program][1] - spans[program][0]
+        assert len(times) <= elapsed / BATCH_INTERVAL + 2, (len(times), elapsed)
+    settle(view)
+    assert [segs(p, "gen")[0]["text"] for p in view.programs] == [st["t"] for st in states]
+
+
 def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
     """run_batch under a kernel with a frontend displays a BatchView (one row per program, in batch order: its
     arguments, variables, status, progress); a failing program reads "error"; elsewhere nothing is displayed."""
@@ -636,6 +670,8 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
             assert r["gens"] == r["gens_done"] == 1 and r["tokens"] >= 1 and r["elapsed"] > 0
     assert "boom" in view.rows[2]["error"]
     assert view.summary["total"] == 4 and view.summary["done"] == 3 and view.summary["error"] == 1
+    # the table's gens stream at its refresh pace (a program's thread wakes no more often than the table syncs)
+    assert {st.executor.stream_interval_s for st in states} == {view.interval} and view.interval >= 0.25
     shown.clear()
     qa.run_batch([{"q": "x"}], backend=runtime, subscribers=[lambda e: None])  # a caller's own view: no table
     assert shown == []
