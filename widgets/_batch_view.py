@@ -87,7 +87,6 @@ class BatchView(anywidget.AnyWidget):
 
     def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
                  interval: float = BATCH_INTERVAL, **kwargs: Any) -> None:
-        super().__init__(title=title, **kwargs)
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.RLock()
         self._pending: list[tuple[int, float, Event]] = []  # (program, arrival time, event)
@@ -97,7 +96,7 @@ class BatchView(anywidget.AnyWidget):
         self._t_end: float | None = None
         self.interval = max(interval, 0.05)  # seconds between syncs; run_batch streams its gens at this pace too
         self._ticker = Ticker(self.flush, self.interval, "sgnb-batch-view", idle_stop=2.0)
-        self._send_rows()
+        super().__init__(title=title, **self._state(), **kwargs)  # the rows travel with the widget's opening
 
     # ---- feeding -----------------------------------------------------------------------------------------
     def subscriber_for(self, index: int) -> Callable[[Event], None]:
@@ -182,6 +181,12 @@ class BatchView(anywidget.AnyWidget):
             row.t_end = row.t_end or now
 
     def _send_rows(self) -> None:
+        with self.hold_sync():
+            for name, value in self._state().items():
+                setattr(self, name, value)
+
+    def _state(self) -> dict[str, Any]:
+        """The synced traits' values of now: columns, rows, summary."""
         now = time.time()
         names: list[str] = []
         for row in self._rows:  # argument columns first, then variables, in the order they appear
@@ -194,10 +199,8 @@ class BatchView(anywidget.AnyWidget):
         summary = {"total": len(self._rows), **counts, "gens": sum(r.gens_done for r in self._rows),
                    "tokens": sum(r.tokens for r in self._rows), "shown": min(len(self._rows), MAX_ROWS),
                    "arguments": len(names), "elapsed": round((self._t_end or now) - self._t_begin, 2)}
-        with self.hold_sync():
-            self.columns = (names + variables)[:MAX_COLUMNS]
-            self.rows = [r.to_json(now) for r in self._rows[:MAX_ROWS]]
-            self.summary = summary
+        return {"columns": (names + variables)[:MAX_COLUMNS], "rows": [r.to_json(now) for r in self._rows[:MAX_ROWS]],
+                "summary": summary}
 
     # ---- text forms --------------------------------------------------------------------------------------
     def __repr__(self) -> str:

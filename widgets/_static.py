@@ -379,7 +379,8 @@ def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, A
                summary: Mapping[str, Any]) -> str:
     """A BatchView's picture: the batch's counts, then one table row per program (its number, status, the
     argument and variable columns, gens done of begun, tokens, seconds), as batch_view.js draws it; a failed
-    row's error under its status."""
+    row's error under its status. While every program is still queued, the counts alone (the snapshot a
+    run_batch's table goes out with, replaced when it ends)."""
     s = summary
     nargs = int(s.get("arguments") or 0)
     finished = sum(int(s.get(k) or 0) for k in ("done", "error", "interrupted"))
@@ -395,7 +396,8 @@ def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, A
     head = (f"<b>run_batch{': ' + _e(title) if title else ''}</b> "
             f'<span style="{_MUTED}">{_e(" · ".join(parts))}</span>')
     body = []
-    for r in rows:
+    queued = all(r.get("status") == "queued" for r in rows)  # nothing began yet: the counts say it all
+    for r in ([] if queued else rows):
         status = str(r.get("status") or "")
         cell = f'<b style="color: {_BATCH_STATUS.get(status, "#444")}">{_e(status)}</b>'
         error = str(r.get("error") or "")
@@ -408,7 +410,7 @@ def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, A
         body.append([_e(r.get("i")), cell, *cells, _e(gens), _e(r.get("tokens") or ""), _num(r.get("elapsed"), 2 if (r.get("elapsed") or 0) < 10 else 1)])
     table = _table(["#", "status", *columns, "gens", "tokens", "s"], body, "margin-top: 3px",
                    align="rl" + "l" * len(columns) + "rrr") if body else ""
-    more = int(s.get("total") or 0) - len(rows)
+    more = 0 if queued else int(s.get("total") or 0) - len(rows)
     note = (f'<div style="{_MUTED}">... {more} more program{"" if more == 1 else "s"} (counted above, not '
             "listed)</div>" if more > 0 else "")
     return f'<div class="sgnb-static sgnb-static-batch" style="{_FONT}"><div>{head}</div>{table}{note}</div>'
