@@ -11,6 +11,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from sgnb import ir
@@ -230,12 +231,12 @@ class SglFunction:
         if frontend_hints and global_config.enable_precache_with_tracing and len(all_args) > 1:
             self.cache(backend)
         num_threads = _thread_count(num_threads, len(all_args))
-        view = None if subscribers else _batch_view(self.__name__, all_args)
-        streamed = view is not None if stream is None else bool(stream)
-        if stream_interval_s is None and view is not None:
-            stream_interval_s = view.interval
+        table = None if subscribers else _batch_table(self.__name__, all_args)
+        streamed = table is not None if stream is None else bool(stream)
+        if stream_interval_s is None and table is not None:
+            stream_interval_s = table.interval
         bar = None
-        if progress_bar and view is None:
+        if progress_bar and table is None:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(all_args), desc=self.__name__)
@@ -247,7 +248,7 @@ class SglFunction:
             index, arguments = item
             if cancelled.is_set():
                 return None
-            feed = [view.subscriber_for(index)] if view is not None else []
+            feed = [table.subscriber_for(index)] if table is not None else []
             state = self._run(backend, arguments, defaults, streamed, True, [*(subscribers or []), *feed],
                               stream_interval_s)
             live[index] = state
@@ -262,7 +263,10 @@ class SglFunction:
 
         pool = ThreadPoolExecutor(int(num_threads))
         try:
-            states = list(pool.map(one, enumerate(all_args)))
+            futures = [pool.submit(one, item) for item in enumerate(all_args)]
+            if table is not None and wait_futures(futures, timeout=table.delay).not_done:
+                table.show()  # a batch still running: its live table (a shorter one's comes when it ends)
+            states = [f.result() for f in futures]
         except BaseException:  # KeyboardInterrupt: abort every program and its in-flight request
             cancelled.set()
             for state in list(live.values()):
@@ -272,8 +276,8 @@ class SglFunction:
         finally:
             if bar is not None:
                 bar.close()
-            if view is not None:  # the final values and statuses (an interrupted batch's rows too)
-                view.finish([live.get(i) for i in range(len(all_args))])
+            if table is not None:  # the final values and statuses (an interrupted batch's rows too)
+                table.finish([live.get(i) for i in range(len(all_args))])
         pool.shutdown()
         return states
 
@@ -368,10 +372,11 @@ def _thread_count(num_threads: int | str, programs: int) -> int:
     return int(num_threads)
 
 
-def _batch_view(name: str, all_args: list[dict[str, Any]]) -> Any:
-    """In a notebook (an IPython kernel with a frontend), display and return a live table of the batch's
-    programs (sgnb.widgets' BatchView); elsewhere, or without the widgets' packages, None. IPython is only
-    looked at when something imported it already: a script never pays for it."""
+def _batch_table(name: str, all_args: list[dict[str, Any]]) -> Any:
+    """In a notebook (an IPython kernel with a frontend), the table of the batch's programs that run_batch feeds
+    (sgnb.widgets' BatchTable: displayed once the batch has run a moment, or when it ends); elsewhere, or
+    without the widgets' packages, None. IPython is only looked at when something imported it already: a script
+    never pays for it."""
     if "IPython" not in sys.modules:
         return None
     from IPython import get_ipython
@@ -380,13 +385,10 @@ def _batch_view(name: str, all_args: list[dict[str, Any]]) -> Any:
     if shell is None or getattr(shell, "kernel", None) is None:
         return None
     try:
-        from sgnb.widgets._batch_view import BatchView
-        from sgnb.widgets._display import show
+        from sgnb.widgets._batch_view import BatchTable
     except ImportError:
         return None
-    view = BatchView(name, all_args)
-    show(view)  # under a display id: finish() sends the output again, with the finished table's snapshot
-    return view
+    return BatchTable(name, all_args)
 
 
 def _body_location(e: BaseException) -> str | None:

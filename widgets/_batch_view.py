@@ -2,7 +2,8 @@
 progress), fed by the programs' events.
 
 `run_batch` shows one in a notebook (an IPython kernel with a frontend) when the caller passed no subscribers
-of its own. Like ProgramView's, the callbacks of `subscriber_for(i)` only append to a buffer; a Ticker thread
+of its own, through a `BatchTable`: the table appears once the batch has run `BATCH_INTERVAL` seconds and then
+updates live, or, for a batch that ends sooner, appears once, finished. Like ProgramView's, the callbacks of `subscriber_for(i)` only append to a buffer; a Ticker thread
 folds it into the rows and syncs them at <= 4 Hz, one message per flush; the rows live in synced traits, so a
 saved notebook shows the finished batch. The trait layout is documented in `batch_view.js`.
 """
@@ -18,7 +19,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from sgnb.widgets._display import refresh
+from sgnb.widgets._display import refresh, show
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
 
@@ -86,16 +87,22 @@ class BatchView(anywidget.AnyWidget):
     summary = traitlets.Dict().tag(sync=True)
 
     def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
-                 interval: float = BATCH_INTERVAL, **kwargs: Any) -> None:
+                 interval: float = BATCH_INTERVAL, t_begin: float | None = None,
+                 early: list[tuple[int, float, Event]] | None = None, states: list[Any] | None = None,
+                 **kwargs: Any) -> None:
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.RLock()
         self._pending: list[tuple[int, float, Event]] = []  # (program, arrival time, event)
         self._rows = [_Row(i, {k: argument_text(v) for k, v in a.items()}) for i, a in enumerate(arguments or [])]
         self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
-        self._t_begin = time.time()
+        self._t_begin = time.time() if t_begin is None else t_begin  # (the batch's start: its elapsed time)
         self._t_end: float | None = None
         self.interval = max(interval, 0.05)  # seconds between syncs; run_batch streams its gens at this pace too
         self._ticker = Ticker(self.flush, self.interval, "sgnb-batch-view", idle_stop=2.0)
+        self._pending.extend(early or [])  # events from before the view (see BatchTable)
+        if states is not None:  # a finished batch: the view opens with its final rows
+            self._fold()
+            self._finish_rows(states)
         super().__init__(title=title, **self._state(), **kwargs)  # the rows travel with the widget's opening
 
     # ---- feeding -----------------------------------------------------------------------------------------
@@ -110,29 +117,39 @@ class BatchView(anywidget.AnyWidget):
 
         return on_event
 
+    def take(self, events: list[tuple[int, float, Event]]) -> None:
+        """Events that came while the view was being made: (program index, arrival time, event)."""
+        if events:
+            with self._lock:
+                self._pending.extend(events)
+            self._ticker.start()
+
     def finish(self, states: list[Any]) -> None:
         """The batch is over: each row takes its state's variables and final status (a None state: cancelled)."""
         with self._flush_lock:
             self._fold()
-            for row, state in zip(self._rows, states):
-                if state is None:
-                    if row.status in ("queued", "running"):
-                        row.status = "cancelled"
-                    continue
-                exe = state.executor
-                row.values.update({k: v if isinstance(v, str) else repr(v) for k, v in exe.variables.items()})
-                failure = exe.failure
-                if failure is not None:
-                    row.status = "interrupted" if failure.interrupted else "error"
-                    row.error = row.error or _short(f"{type(failure.error).__name__}: {failure.error}", 300)
-                elif row.status in ("queued", "running"):
-                    row.status = "done"
-            for row in self._rows:
-                if row.status in ("queued", "running"):
-                    row.status = "cancelled"
-            self._t_end = time.time()
+            self._finish_rows(states)
             self._send_rows()
         refresh(self)  # the output's static snapshot: the finished batch (when `show` displayed the view)
+
+    def _finish_rows(self, states: list[Any]) -> None:
+        for row, state in zip(self._rows, states):
+            if state is None:
+                if row.status in ("queued", "running"):
+                    row.status = "cancelled"
+                continue
+            exe = state.executor
+            row.values.update({k: v if isinstance(v, str) else repr(v) for k, v in exe.variables.items()})
+            failure = exe.failure
+            if failure is not None:
+                row.status = "interrupted" if failure.interrupted else "error"
+                row.error = row.error or _short(f"{type(failure.error).__name__}: {failure.error}", 300)
+            elif row.status in ("queued", "running"):
+                row.status = "done"
+        for row in self._rows:
+            if row.status in ("queued", "running"):
+                row.status = "cancelled"
+        self._t_end = time.time()
 
     def close(self) -> None:
         self._ticker.stop()
@@ -214,3 +231,65 @@ class BatchView(anywidget.AnyWidget):
         from sgnb.widgets._static import with_snapshot
 
         return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
+
+
+class BatchTable:
+    """What `run_batch` feeds in a notebook: the programs' events, kept (with their arrival times) until a
+    BatchView exists to take them. `show()` makes and displays the view; run_batch calls it once the batch has
+    run `delay` seconds, so a long batch gets a live table early. A batch that ends sooner gets its table when
+    it ends: made, finished and displayed once, with no live syncs in between (making, displaying, updating and
+    redisplaying a widget costs the cell's thread ~9 ms on the GPU host, 4% of a 0.2 s batch of 64 programs,
+    benchmarks/bench_views.py). Call `show` and `finish` on the cell's thread."""
+
+    delay = BATCH_INTERVAL  # seconds a batch runs before its live table shows
+
+    def __init__(self, title: str, arguments: list[dict[str, Any]]) -> None:
+        self.title, self.arguments = title, arguments
+        self.interval = BATCH_INTERVAL  # the table's refresh, and the pace its programs' gens stream at
+        self.view: BatchView | None = None
+        self._lock = threading.Lock()  # guards _early and the moment `view` is set
+        self._early: list[tuple[int, float, Event]] = []
+        self._t_begin = time.time()
+
+    def subscriber_for(self, index: int) -> Callable[[Event], None]:
+        """The event callback for the batch's program `index` (any thread)."""
+        feed: Callable[[Event], None] | None = None
+
+        def on_event(event: Event) -> None:
+            nonlocal feed
+            if feed is None:
+                with self._lock:
+                    if self.view is None:
+                        self._early.append((index, time.time(), event))
+                        return
+                feed = self.view.subscriber_for(index)
+            feed(event)
+
+        return on_event
+
+    def _make(self, states: list[Any] | None = None) -> BatchView:
+        with self._lock:
+            early, self._early = self._early, []
+        view = BatchView(self.title, self.arguments, interval=self.interval, t_begin=self._t_begin, early=early,
+                         states=states)
+        with self._lock:  # from here on the programs feed the view
+            view.take(self._early)
+            self._early = []
+            self.view = view
+        return view
+
+    def show(self) -> BatchView:
+        """Make and display the live table (once), with the events so far."""
+        if self.view is None:
+            show(self._make())  # under a display id: finish() sends the output again, with the final snapshot
+        assert self.view is not None
+        return self.view
+
+    def finish(self, states: list[Any]) -> BatchView:
+        """The batch is over (see BatchView.finish); a table not shown yet opens finished and is displayed."""
+        if self.view is not None:
+            self.view.finish(states)
+            return self.view
+        view = self._make(states)
+        show(view)
+        return view

@@ -82,9 +82,9 @@ LIVE_CELLS = [
 
 @pytest.mark.slow
 def test_saved_outputs_carry_the_snapshot_of_the_finished_run(tmp_path):
-    """A `%%sgl` cell's view and a run_batch's table are displayed before their programs run; when the run is over
-    the kernel sends their outputs again (update_display_data), so the outputs a frontend saves carry the final
-    snapshot. Executed with nbclient alone (which applies those updates as JupyterLab does), nothing redrawn
+    """A `%%sgl` cell's view is displayed before its program runs, a run_batch's table once the batch has run
+    0.25 s (a shorter batch's when it ends, finished); when the run is over the kernel sends a view's output
+    again (update_display_data), so the outputs a frontend saves carry the final snapshot. Executed with nbclient alone (which applies those updates as JupyterLab does), nothing redrawn
     from the widget state afterwards, and the widget state dropped."""
     from nbclient import NotebookClient
 

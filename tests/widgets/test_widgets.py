@@ -17,7 +17,7 @@ import pytest
 
 import sgnb as sgl
 from sgnb.widgets import EngineStats, ProgramView, RadixTreeView, esm_path
-from sgnb.widgets._batch_view import BatchView
+from sgnb.widgets._batch_view import BatchTable, BatchView
 from sgnb.widgets._engine_stats import _point
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._program_view import align_tokens, cached_chars, estimate_tokens
@@ -636,9 +636,12 @@ def test_a_batch_streams_into_a_program_view_at_a_batchs_pace(runtime):
     assert [segs(p, "gen")[0]["text"] for p in view.programs] == [st["t"] for st in states]
 
 
-def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
+@pytest.mark.parametrize("delay", [0.0, 600.0], ids=["live", "when-it-ends"])
+def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch, delay):
     """run_batch under a kernel with a frontend displays a BatchView (one row per program, in batch order: its
-    arguments, variables, status, progress); a failing program reads "error"; elsewhere nothing is displayed."""
+    arguments, variables, status, progress); a failing program reads "error"; elsewhere nothing is displayed.
+    A batch still running after BatchTable.delay gets its table then (live); one that ended sooner gets it when
+    it ends, finished."""
     import IPython
     import IPython.display
 
@@ -651,14 +654,22 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch):
         if q == "boom":
             raise ValueError("boom")
 
-    assert function._batch_view("qa", [{}]) is None  # no kernel here: the script path is unchanged
+    assert function._batch_table("qa", [{}]) is None  # no kernel here: the script path is unchanged
     shown: list = []
+    finished_when_shown: list[bool] = []
+    monkeypatch.setattr(BatchTable, "delay", delay)
     monkeypatch.setattr(IPython, "get_ipython", lambda: type("Kernel", (), {"kernel": object()})())
-    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+
+    def display(*objs, **kw):
+        shown.extend(objs)
+        finished_when_shown.extend(o._t_end is not None for o in objs)
+
+    monkeypatch.setattr(IPython.display, "display", display)
     questions = ["one?", "two?", "boom", "four?"]
     states = qa.run_batch([{"q": q} for q in questions], backend=runtime, progress_bar=True)
     (view,) = shown
     assert isinstance(view, BatchView)
+    assert finished_when_shown == [delay > 0]  # (the live one is shown before finish(), whatever the timing)
     view.flush()
     assert view.columns == ["q", "a", "sure"]
     assert [r["arguments"]["q"] for r in view.rows] == [repr(q) for q in questions]
