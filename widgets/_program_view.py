@@ -19,7 +19,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
 from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
-from sgnb.widgets._tree_rows import CHAT_MARKER
+from sgnb.widgets._tree_rows import CHAT_MARKER, has_marker
 
 Event = dict[str, Any]
 
@@ -67,7 +67,7 @@ class _Program:
         # tokens), the text segments no gen has read yet with their start, and (characters, tokens) points
         # known from earlier gens' counts
         self.chars = 0
-        self.pieces: list[tuple[int, int, int]] = []
+        self.pieces: list[tuple[int, int, int | str]] = []  # (a piece's text, estimated only when needed)
         self.unread: list[tuple[dict[str, Any], int]] = []
         self.fork_at: dict[str, int] = {}
         self.anchors: list[tuple[int, int]] = [(0, 0)]
@@ -77,7 +77,7 @@ class _Program:
         start = self.chars
         self.chars += len(text)
         if text:
-            self.pieces.append((start, self.chars, estimate_tokens(text) if tokens is None else tokens))
+            self.pieces.append((start, self.chars, text if tokens is None else tokens))
         return start
 
     def to_json(self) -> dict[str, Any]:
@@ -188,11 +188,12 @@ def estimate_tokens(text: str) -> int:
     return len(_TOKENISH.findall(text))
 
 
-def cached_chars(pieces: list[tuple[int, int, int]], anchors: list[tuple[int, int]], prompt_chars: int,
+def cached_chars(pieces: Sequence[tuple[int, int, int | str]], anchors: list[tuple[int, int]], prompt_chars: int,
                  prompt_tokens: int, cached_tokens: int) -> tuple[int, bool]:
     """Where the cached part of a prompt ends, in characters, from its token counts: exact at a known point
     (the start, an earlier gen's prompt or end), else between the known points around it, spreading their
-    tokens over the text between them by its estimated tokens (`pieces`: (start, end, estimate)). Returns
+    tokens over the text between them by its estimated tokens (`pieces`: (start, end, tokens or the piece's
+    text, estimated here: only a backend that does not report cached_chars needs it)). Returns
     (characters, exact)."""
     points = sorted({*(a for a in anchors if a[0] <= prompt_chars and a[1] <= prompt_tokens),
                      (prompt_chars, prompt_tokens)})
@@ -204,7 +205,8 @@ def cached_chars(pieces: list[tuple[int, int, int]], anchors: list[tuple[int, in
     above = min((a for a in points if a[1] > cached_tokens), key=lambda a: a[1], default=below)
     if above[1] == below[1] or above[0] <= below[0]:
         return below[0], False
-    between = [(max(a, below[0]), min(b, above[0]), n * (min(b, above[0]) - max(a, below[0])) / (b - a))
+    between = [(max(a, below[0]), min(b, above[0]),
+                (estimate_tokens(n) if isinstance(n, str) else n) * (min(b, above[0]) - max(a, below[0])) / (b - a))
                for a, b, n in pieces if a < above[0] and b > below[0] and b > a]
     total = sum(n for _, _, n in between)
     if not between or total <= 0:  # no text known there: by characters
@@ -422,7 +424,7 @@ class ProgramView(anywidget.AnyWidget):
         if var is not None:  # a select's choice arrives as text first, then the select event
             p.segments.append({"k": "select", "var": var, "text": text, "choices": []})
             return
-        seg = {"k": "text", "text": text, "tmpl": bool(CHAT_MARKER.search(text))}  # a role marker: shown muted
+        seg = {"k": "text", "text": text, "tmpl": has_marker(text)}  # a role marker: shown muted
         p.segments.append(seg)
         p.unread.append((seg, start))
 
@@ -533,7 +535,7 @@ class ProgramView(anywidget.AnyWidget):
             p.pieces = [x for x in p.pieces if x[1] <= start]
             p.anchors = [a for a in p.anchors if a[0] <= start]
             if p.chars > start:
-                p.pieces.append((start, p.chars, estimate_tokens(str(e.get("answer") or ""))))
+                p.pieces.append((start, p.chars, str(e.get("answer") or "")))
 
     def _mark_cached(self, p: _Program, seg: dict[str, Any], prompt_chars: int, reported: Any = None) -> None:
         """Mark the prompt text this gen read first (the text segments since the last gen, and its ancestors'

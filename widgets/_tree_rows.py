@@ -82,6 +82,15 @@ CHAT_MARKER = re.compile(
     r"|(?P<special><\|[^|<>\s]{1,40}\|>|<s>)"
 )
 
+# the characters a marker can start with: text without any holds none (a cheap test before the search)
+_MARKER_STARTS = "".join(sorted({m[0] for m in (*THINK_OPEN, *THINK_CLOSE)} | {"<", "["}))
+
+
+def has_marker(text: str) -> bool:
+    """Whether `text` holds a CHAT_MARKER."""
+    return any(c in text for c in _MARKER_STARTS) and CHAT_MARKER.search(text) is not None
+
+
 Label = Callable[[int, int], tuple[str, list[dict[str, Any]]]]  # (node id, tokens) -> (text, media)
 
 
@@ -102,7 +111,7 @@ class Node:
 
 def display_label(text: str) -> str:
     """`text` with each chat-template marker replaced by its glyph (see GLYPHS)."""
-    if "<" not in text and "[" not in text:
+    if not any(c in text for c in _MARKER_STARTS):
         return text
     return CHAT_MARKER.sub(_glyph, text)
 

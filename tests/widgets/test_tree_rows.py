@@ -117,6 +117,7 @@ def test_siblings_of_one_shape_become_a_few_examples_and_a_count():
     ("Plain text, a < b and [x].", "Plain text, a < b and [x]."),
     ("<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone<|im_end|>", "\ue002\ue007plan\n\ue008Done\ue005"),
     ("[THINK]hm[/THINK]Yes", "\ue007hm\ue008Yes"),
+    ("◁think▷hm◁/think▷Yes", "\ue007hm\ue008Yes"),  # Kimi's markers start with neither < nor [
     ("<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", "\ue006\ue001 \ue000Be brief.\n\ue005\nHi \ue002"),
 ])
 def test_chat_template_markers_become_role_glyphs(text, shown):
