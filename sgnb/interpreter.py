@@ -49,6 +49,7 @@ from sgnb import ir
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
+from sgnb.engine.meta_info import MetaInfo, meta_subset
 from sgnb.media import Media, describe, thumbnail, video_frames
 from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
@@ -235,7 +236,7 @@ class StreamExecutor:
         self.messages_: list[dict[str, Any]] = []
         self.images_: list[Media] = []  # images and videos, in the order the program added them
         self.variables: dict[str, Any] = {}
-        self.meta_info: dict[str, Any] = {}
+        self.meta_info: dict[str, MetaInfo] = {}  # a gen's or select's, by its variable
         self.var_events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
         # names that appended, not yet run nodes will set: reading any other unset name fails at once
         self.pending_vars: Counter[str] = Counter()
@@ -264,7 +265,7 @@ class StreamExecutor:
                                                                     *subscribers]
         self.parent_id = parent.id if parent else None
         # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
-        self.chunks: list[tuple[str | None, str, dict | None]] = []  # (variable, text, the gen's meta so far)
+        self.chunks: list[tuple[str | None, str, MetaInfo | None]] = []  # (variable, text, the gen's meta so far)
         self.chunks_cond = threading.Condition()
         self.done = False
         self.ended = False  # end() was called: no more nodes (a later append continues the state instead)
@@ -431,7 +432,7 @@ class StreamExecutor:
         finally:
             self.reasoning_vars = outer
 
-    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: MetaInfo | None = None) -> None:
         if not text:
             return
         self.text_ += text
@@ -440,7 +441,7 @@ class StreamExecutor:
             self.chunks_cond.notify_all()
         event: dict[str, Any] = {"type": "text", "text": text, "var": var}
         if meta:  # a gen's piece: its token counts so far (views keep their counters moving while it streams)
-            event["progress"] = {k: meta[k] for k in _PROGRESS_KEYS if k in meta}
+            event["progress"] = meta_subset(meta, _PROGRESS_KEYS)
         self.emit(event)
 
     def _context(self) -> GenContext:
@@ -489,7 +490,7 @@ class StreamExecutor:
             raise
         self._end_gen(node.name, ctx, value, meta)
 
-    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: dict[str, Any]) -> None:
+    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: MetaInfo) -> None:
         # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
         self.emit({"type": "gen_end", "var": name, "rid": ctx.rid, "meta_info": _small_meta(meta),
                    "prompt_chars": len(ctx.text)})
@@ -497,11 +498,11 @@ class StreamExecutor:
             self.meta_info[name] = meta
             self._set_var(name, value)
 
-    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
         # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
         pieces: list[str] = []
-        meta: dict[str, Any] = {}
+        meta: MetaInfo = {}
         held, held_meta = "", meta
         try:
             for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
@@ -517,7 +518,7 @@ class StreamExecutor:
         return "".join(pieces), meta
 
     def _gen_tools(self, name: str | None, plan: ToolPlan, params: GenParams,
-                   ctx: GenContext) -> tuple[str, dict[str, Any]]:
+                   ctx: GenContext) -> tuple[str, MetaInfo]:
         """A gen that may (or must) call a tool. Returns the text it appended and its meta_info, whose
         "tool_calls" holds the calls (OpenAI's shape; [] for a text reply or a call cut short by max_tokens)."""
         begin = len(self.text_)
@@ -533,9 +534,9 @@ class StreamExecutor:
         # max_new_tokens bounds the whole reply: the call gets what the text left of it
         sp["max_new_tokens"] = params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens
         thinking = self._thinks_first(name, ctx)
-        progress: dict[str, Any] = {}
+        progress: MetaInfo = {}
 
-        def generate(step: CallStep) -> tuple[str, dict[str, Any]]:
+        def generate(step: CallStep) -> tuple[str, MetaInfo]:
             nonlocal progress
             self._append(step.prefix[len(self.text_) - begin:], name, progress or None)
             # the gen's first request has its context (gen_begin told its rid); a later one continues the text
@@ -930,14 +931,14 @@ def _schema_title(schema: str | None) -> str | None:
     return title if isinstance(title, str) and title else None
 
 
-def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def _small_meta(meta: MetaInfo) -> MetaInfo:
     """What a gen_end event carries for views: counts, timings (the engine's clock: ttft and e2e_latency both
     from the request's arrival), where the cache hit ends in the prompt's characters (cached_chars, from the
     engine), the output tokens as (text, forced) pairs and, when the gen asked for logprobs, their logprobs and
     top alternatives (the lists the backend returned, not copied)."""
     keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_chars", "finish_reason", "e2e_latency",
             "ttft", "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
-    return {k: meta[k] for k in keys if k in meta}
+    return meta_subset(meta, keys)
 
 
 _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {

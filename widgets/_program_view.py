@@ -26,6 +26,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from sgnb.engine.meta_info import MetaInfo, meta_subset
 from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
@@ -148,7 +149,7 @@ def align_tokens(text: str, pieces: list[str]) -> list[str] | None:
     return out if pos == len(text) else None
 
 
-def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
+def token_detail(text: str, meta: MetaInfo) -> list[list[Any]] | None:
     """A gen's tokens for the view: [text, forced, logprob | None, [[alternative, logprob], ...] | None] each,
     from the backend's (text, forced) pairs (the engine's pieces join to the text and are taken as they are;
     other token texts are fitted to it) or else its logprob entries' token texts, and, when logprobs were asked
@@ -463,8 +464,8 @@ class ProgramView(anywidget.AnyWidget):
             if seg is None:
                 return
         assert seg is not None
-        meta = dict(e.get("meta_info") or {})
-        seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
+        meta: MetaInfo = {**(e.get("meta_info") or {})}
+        seg["meta"] = meta_subset(meta, _META_KEYS)
         seg["tokens"] = token_detail(seg["text"], meta)
         seg["logprobs"] = bool(seg["tokens"]) and any(t[2] is not None for t in seg["tokens"])
         seg["done"] = True
@@ -483,7 +484,7 @@ class ProgramView(anywidget.AnyWidget):
         if isinstance(e.get("prompt_chars"), int):
             self._mark_cached(p, seg, e["prompt_chars"], meta.get("cached_chars"))
 
-    def _think_done(self, p: _Program, seg: dict[str, Any], meta: dict[str, Any]) -> None:
+    def _think_done(self, p: _Program, seg: dict[str, Any], meta: MetaInfo) -> None:
         """The gen ended: the rest of its split, the reasoning's exact token count (its tokens up to where the
         answer starts) and, for a gen not streamed, its time on the engine's clock (the decode time shared by
         the tokens)."""
@@ -585,8 +586,7 @@ class ProgramView(anywidget.AnyWidget):
         logprobs = e.get("normalized_prompt_logprobs") or []
         probs = softmax(logprobs)
         choices = list(e.get("choices") or [])
-        meta = dict(e.get("meta_info") or {})
-        seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
+        seg["meta"] = meta_subset(e.get("meta_info") or {}, _META_KEYS)
         seg["elapsed"] = round(e["elapsed"], 4) if isinstance(e.get("elapsed"), (int, float)) else None
         seg["choices"] = [{"text": c, "logprob": logprobs[i] if i < len(logprobs) else None,
                            "p": probs[i] if i < len(probs) else None, "chosen": c == choice}
