@@ -3,7 +3,8 @@
 `s += node` submits without blocking; the executor appends text and calls the backend in order. Reading a
 variable blocks until it is set. An exception stops the state: later nodes are skipped, waiting readers wake
 up, and the error is raised at `s["v"]` / `sync()` with the program line that submitted the failing node.
-Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets.
+Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets:
+sgnb.program_events defines each kind.
 Threads: an executor with nodes to run holds one of the pool's threads until its queue is empty; at most
 PROGRAM_THREADS run nodes at once (`fork(1000)` starts no 1,000 threads: the branches take turns), plus one for
 each pool thread that waits inside a node on other states (a join, a variable of a fork), so that waiting never
@@ -51,6 +52,22 @@ from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.engine.meta_info import MetaInfo, meta_subset
 from sgnb.media import Media, describe, thumbnail, video_frames
+from sgnb.program_events import (
+    EndEvent,
+    ErrorEvent,
+    ForkEvent,
+    GenBeginEvent,
+    GenEndEvent,
+    MediaEvent,
+    ProgramBeginEvent,
+    ProgramEvent,
+    ReasoningEvent,
+    RoleEvent,
+    SelectEvent,
+    Subscriber,
+    TextEvent,
+    VarEvent,
+)
 from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.tool_decode import CallStep, decode_tool_call
@@ -223,7 +240,7 @@ class StreamExecutor:
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
                  stream_interval_s: float | None = None, use_thread: bool = True, num_api_spec_tokens: int | None = None,
                  chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None, name: str = "",
-                 subscribers: Iterable[Callable[[dict[str, Any]], None]] = ()) -> None:
+                 subscribers: Iterable[Subscriber] = ()) -> None:
         self.id = f"p{next(_ids)}"
         self.name = name  # the program's name (views show it)
         self.backend = backend
@@ -261,8 +278,7 @@ class StreamExecutor:
         self.error_tb: types.TracebackType | None = None
         self.program_scratch: dict[str, Any] = {}
         self.current_rid: str | None = None
-        self.subscribers: list[Callable[[dict[str, Any]], None]] = [*(parent.subscribers if parent else ()),
-                                                                    *subscribers]
+        self.subscribers: list[Subscriber] = [*(parent.subscribers if parent else ()), *subscribers]
         self.parent_id = parent.id if parent else None
         # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
         self.chunks: list[tuple[str | None, str, MetaInfo | None]] = []  # (variable, text, the gen's meta so far)
@@ -327,7 +343,7 @@ class StreamExecutor:
         return out
 
     def continuation(self, backend: Backend | None = None, defaults: GenParams | None = None,
-                     stream: bool | None = None, subscribers: list[Callable[[dict[str, Any]], None]] | None = None,
+                     stream: bool | None = None, subscribers: list[Subscriber] | None = None,
                      name: str | None = None, arguments: dict[str, str] | None = None) -> StreamExecutor:
         """A new executor that goes on from this finished one: its text, messages, images, variables and open
         role (a new run whose requests hit the cache for this text). Waits for this one to finish; raises
@@ -350,8 +366,8 @@ class StreamExecutor:
         if self.text_:  # text_iter() of the continued state reads its whole text
             nxt.chunks.append((None, self.text_, None))
         nxt.subscribers.extend(subscribers or [])
-        nxt.emit({"type": "program_begin", "name": nxt.name, "arguments": dict(arguments or {}),
-                  "continues": self.id, "text": self.text_})
+        nxt.emit(ProgramBeginEvent(program=nxt.id, parent=nxt.parent_id, type="program_begin", name=nxt.name,
+                                   arguments=dict(arguments or {}), continues=self.id, text=self.text_))
         return nxt
 
     def _kick(self) -> None:
@@ -439,7 +455,8 @@ class StreamExecutor:
         with self.chunks_cond:
             self.chunks.append((var, text, meta))
             self.chunks_cond.notify_all()
-        event: dict[str, Any] = {"type": "text", "text": text, "var": var}
+        # a literal, not TextEvent(...): one comes per streamed piece, and the call costs three literals
+        event: TextEvent = {"program": self.id, "parent": self.parent_id, "type": "text", "text": text, "var": var}
         if meta:  # a gen's piece: its token counts so far (views keep their counters moving while it streams)
             event["progress"] = meta_subset(meta, _PROGRESS_KEYS)
         self.emit(event)
@@ -458,10 +475,10 @@ class StreamExecutor:
             params = dataclasses.replace(params, regex=DTYPE_REGEX[node.dtype])
         ctx = self._context()
         begin = len(self.text_)
-        self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
-                   "constraint": params.regex or params.json_schema or params.ebnf,
-                   "constraint_name": _schema_title(params.json_schema),
-                   "reasoning": self.reasoning_vars.get(node.name) if node.name is not None else None})
+        self.emit(GenBeginEvent(program=self.id, parent=self.parent_id, type="gen_begin", var=node.name, rid=ctx.rid,
+                                where=node.where, constraint=params.regex or params.json_schema or params.ebnf,
+                                constraint_name=_schema_title(params.json_schema),
+                                reasoning=self.reasoning_vars.get(node.name) if node.name is not None else None))
         value: Any
         try:
             if node.tools is not None:
@@ -492,8 +509,8 @@ class StreamExecutor:
 
     def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: MetaInfo) -> None:
         # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
-        self.emit({"type": "gen_end", "var": name, "rid": ctx.rid, "meta_info": _small_meta(meta),
-                   "prompt_chars": len(ctx.text)})
+        self.emit(GenEndEvent(program=self.id, parent=self.parent_id, type="gen_end", var=name, rid=ctx.rid,
+                              meta_info=_small_meta(meta), prompt_chars=len(ctx.text)))
         if name is not None:
             self.meta_info[name] = meta
             self._set_var(name, value)
@@ -584,9 +601,10 @@ class StreamExecutor:
         elapsed = time.perf_counter() - t0
         self._append(decision.decision, node.name)
         # meta_info: its prompt and cached tokens (summed over the choices' scoring requests), for the metrics
-        self.emit({"type": "select", "var": node.name, "choice": decision.decision, "choices": list(node.choices),
-                   "normalized_prompt_logprobs": decision.meta_info.get("normalized_prompt_logprobs"),
-                   "meta_info": _small_meta(decision.meta_info), "elapsed": elapsed})
+        self.emit(SelectEvent(program=self.id, parent=self.parent_id, type="select", var=node.name,
+                              choice=decision.decision, choices=list(node.choices),
+                              normalized_prompt_logprobs=decision.meta_info.get("normalized_prompt_logprobs"),
+                              meta_info=_small_meta(decision.meta_info), elapsed=elapsed))
         if node.name is not None:
             self.meta_info[node.name] = decision.meta_info
             self._set_var(node.name, decision.decision)
@@ -614,7 +632,7 @@ class StreamExecutor:
             if answers in self.unanswered:
                 self.unanswered.remove(answers)
             self.role_answers = answers
-        self.emit({"type": "role_begin", "role": node.role})
+        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_begin", role=node.role))
 
     def _role_end(self, node: ir.RoleEnd) -> None:
         if self.cur_role != node.role:
@@ -626,7 +644,7 @@ class StreamExecutor:
         _, suffix = self.chat_template.prefix_and_suffix(node.role)
         self.cur_role = None
         self._append(suffix)
-        self.emit({"type": "role_end", "role": node.role})
+        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_end", role=node.role))
 
     def _role_message(self) -> dict[str, Any]:
         """The open role's message: its text less what is not content, with its tool calls (an assistant's)
@@ -666,24 +684,28 @@ class StreamExecutor:
     def _image(self, node: ir.Image) -> None:
         media = Media("image", node.path)
         token = self.backend.media_token(media)  # a backend that takes no images fails here, at the line
-        self._add_media(media, token, {"thumbnail": thumbnail(media)})  # reads the image: unreadable fails here
+        self._add_media(media, token, thumbnail(media))  # reads the image: unreadable fails here
 
     def _video(self, node: ir.Video) -> None:
         media = Media("video", node.path, node.num_frames)
         token = self.backend.media_token(media)
         frames = video_frames(media)
-        self._add_media(media, token, {"thumbnail": frames[0] if frames else None, "frames": frames,
-                                       "num_frames": node.num_frames})
+        self._add_media(media, token, frames[0] if frames else None, (frames, node.num_frames))
 
-    def _add_media(self, media: Media, token: str, view: dict[str, Any]) -> None:
+    def _add_media(self, media: Media, token: str, thumb: str | None,
+                   video: tuple[list[str], int] | None = None) -> None:
+        """`media` joins the state as `token`; views get its thumbnail (a video's also its frames and count)."""
         self.images_.append(media)
         self.text_ += token
         with self.chunks_cond:
             self.chunks.append((None, token, None))
             self.chunks_cond.notify_all()
         label = describe(media)
-        self.emit({"type": media.kind, "index": len(self.images_) - 1, "text": token, "source": label,
-                   "path": label, **view})
+        event = MediaEvent(program=self.id, parent=self.parent_id, type="video" if media.kind == "video" else "image",
+                           index=len(self.images_) - 1, text=token, source=label, path=label, thumbnail=thumb)
+        if video is not None:
+            event["frames"], event["num_frames"] = video
+        self.emit(event)
 
     def _var_scope_begin(self, node: ir.VarScopeBegin) -> None:
         self.var_scopes[node.name] = len(self.text_)
@@ -722,7 +744,8 @@ class StreamExecutor:
                                              "content": content[:i] + answer + content[i + len(value):]}
                         break
                 self._set_var(name, answer)
-            self.emit({"type": "reasoning", "var": name, "reasoning": reasoning, "answer": answer})
+            self.emit(ReasoningEvent(program=self.id, parent=self.parent_id, type="reasoning", var=name,
+                                     reasoning=reasoning, answer=answer))
             self._set_var(f"{name}_reasoning_content", reasoning)
 
     def _reasoning_format(self, node: ir.SeparateReasoning) -> ReasoningFormat:
@@ -732,7 +755,7 @@ class StreamExecutor:
     def _set_var(self, name: str, value: Any) -> None:
         self.variables[name] = value
         self.var_events[name].set()
-        self.emit({"type": "var", "name": name})
+        self.emit(VarEvent(program=self.id, parent=self.parent_id, type="var", name=name))
 
     def set_var(self, name: str, value: Any) -> None:
         self.sync()
@@ -790,8 +813,8 @@ class StreamExecutor:
             return False
         self.error_, self.error_where, self.error_tb = error, where, error.__traceback__
         self.aborted = self.aborted or interrupted
-        self.emit({"type": "error", "where": where, "interrupted": interrupted,
-                   "message": "interrupted" if interrupted else f"{type(error).__name__}: {error}"})
+        self.emit(ErrorEvent(program=self.id, parent=self.parent_id, type="error", where=where, interrupted=interrupted,
+                             message="interrupted" if interrupted else f"{type(error).__name__}: {error}"))
         for ev in list(self.var_events.values()):
             ev.set()
         return True
@@ -830,10 +853,10 @@ class StreamExecutor:
         between nodes, or when no node knows its line)."""
         return self.error_where or self.where_
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: ProgramEvent) -> None:
+        """Give `event` (a sgnb.program_events record, its `program` and `parent` this state's) to the subscribers."""
         if not self.subscribers:
             return
-        event = {"program": self.id, "parent": self.parent_id, **event}
         for callback in list(self.subscribers):
             try:
                 callback(event)
@@ -844,7 +867,7 @@ class StreamExecutor:
         with self.chunks_cond:
             self.done = True
             self.chunks_cond.notify_all()
-        self.emit({"type": "end"})
+        self.emit(EndEvent(program=self.id, parent=self.parent_id, type="end"))
         self.subscribers = []  # the run is over: what comes after (a continuation, a copy) is not its view's
 
     # ---- fork --------------------------------------------------------------------------------------------
@@ -864,7 +887,7 @@ class StreamExecutor:
             self.children.add(child)
             child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
-        self.emit({"type": "fork", "children": [c.id for c in children]})
+        self.emit(ForkEvent(program=self.id, parent=self.parent_id, type="fork", children=[c.id for c in children]))
         return children
 
 
