@@ -1,7 +1,21 @@
 """EventBus: the engine's event stream (cache changes, request lifecycle) for views and tests.
 
-Events are plain dicts: {"type", "seq", "t", ...}. Subscribers run on the scheduler thread, so they must be
-quick (views buffer and throttle); an exception in a subscriber is logged and never reaches the engine.
+Events are plain dicts: {"type", "seq", "t", ...}, one TypedDict per kind below. Subscribers run on the scheduler
+thread, so they must be quick (views buffer and throttle); an exception in a subscriber is logged and never reaches
+the engine. `seq` counts up by one per event (a gap: events were missed), `t` is time.time() at the emit.
+
+| type | emitted by | what |
+|---|---|---|
+| reset | RadixCache.reset | a new empty tree (start, flush_cache): its `root` |
+| insert | RadixCache.insert | a new leaf `node` under `parent` with `tokens` of request `rid` |
+| split | RadixCache (a match or insert inside a node) | `node`'s first `at` tokens became the new node `upper` |
+| lock / unlock | RadixCache.inc_lock_ref / dec_lock_ref | `nodes` became in use by a request / free to evict |
+| hit | RadixCache.record_hit | request `rid` matched `nodes`, `tokens` in all |
+| evict | RadixCache.evict | `nodes` left the tree, freeing `tokens` KV slots |
+| request | Scheduler (queued), finishing (finished), decode (retracted) | request `rid`'s `state` changed |
+
+Consumers: sgnb.widgets.RadixTreeView (every kind: a mirror of the tree), the benchmarks' optimal-hit count
+(benchmarks/bench_suite.py: queued requests' input_ids) and tests. The lab panel and the server read snapshots.
 """
 
 from __future__ import annotations
@@ -12,11 +26,101 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 log = logging.getLogger("sgnb.engine")
 
-Event = dict[str, Any]
+
+# ---- what each kind carries besides type, seq and t (what emitters pass to `emit`) ----------------------------------
+class ResetData(TypedDict):
+    root: int  # the new root's node id
+
+
+class InsertData(TypedDict):
+    node: int  # the new leaf's id
+    parent: int  # the node it hangs under
+    tokens: int  # its key's length
+    rid: str | None  # the request whose tokens they are (None: a cache_prefix without one)
+
+
+class SplitData(TypedDict):
+    node: int  # the node that was cut (it keeps its id and its tail)
+    upper: int  # the new node above it, holding its first `at` tokens
+    parent: int  # the node above `upper`
+    at: int  # tokens that went to `upper`
+
+
+class NodesData(TypedDict):
+    nodes: list[int]  # lock / unlock: the nodes whose lock count left / reached zero
+
+
+class HitData(TypedDict):
+    nodes: list[int]  # the matched nodes, root side first
+    tokens: int  # the tokens they hold
+    rid: str | None  # the request that matched them
+
+
+class EvictData(TypedDict):
+    nodes: list[int]  # the evicted nodes
+    tokens: int  # the KV slots freed
+
+
+class _RequestData(TypedDict):
+    rid: str
+    state: Literal["queued", "finished", "retracted"]
+
+
+class RequestData(_RequestData, total=False):
+    prompt_tokens: int  # queued: the prompt's tokens
+    input_ids: list[int]  # queued: the prompt's token ids (the request's own list, not a copy)
+    reason: str  # finished: its finish_reason's type ("stop", "length", "abort")
+    completion_tokens: int  # finished: the tokens it generated
+
+
+EventData = ResetData | InsertData | SplitData | NodesData | HitData | EvictData | RequestData
+EventKind = Literal["reset", "insert", "split", "lock", "unlock", "hit", "evict", "request"]
+
+
+# ---- the events as subscribers get them -----------------------------------------------------------------------------
+class _Stamp(TypedDict):
+    seq: int  # the event's number: one more than the last one's
+    t: float  # time.time() when it was emitted
+
+
+class ResetEvent(_Stamp, ResetData):
+    type: Literal["reset"]
+
+
+class InsertEvent(_Stamp, InsertData):
+    type: Literal["insert"]
+
+
+class SplitEvent(_Stamp, SplitData):
+    type: Literal["split"]
+
+
+class LockEvent(_Stamp, NodesData):
+    type: Literal["lock", "unlock"]
+
+
+class HitEvent(_Stamp, HitData):
+    type: Literal["hit"]
+
+
+class EvictEvent(_Stamp, EvictData):
+    type: Literal["evict"]
+
+
+class RequestEvent(_Stamp, RequestData):
+    type: Literal["request"]
+
+
+Event = ResetEvent | InsertEvent | SplitEvent | LockEvent | HitEvent | EvictEvent | RequestEvent
+EventSink = Callable[[EventKind, EventData], None]  # what emits: `EventBus.emit`, or a test's recorder
+
+# each kind's record (the test of the emitted events reads it)
+EVENT_TYPES: dict[str, Any] = {"reset": ResetEvent, "insert": InsertEvent, "split": SplitEvent, "lock": LockEvent,
+                               "unlock": LockEvent, "hit": HitEvent, "evict": EvictEvent, "request": RequestEvent}
 
 
 def wait_slice() -> float:
@@ -34,8 +138,8 @@ class EventBus:
         self._seq = itertools.count()
         self._lock = threading.Lock()
 
-    def emit(self, kind: str, data: dict[str, Any]) -> None:
-        event = {"type": kind, "seq": next(self._seq), "t": time.time(), **data}
+    def emit(self, kind: EventKind, data: EventData) -> None:
+        event = cast(Event, {"type": kind, "seq": next(self._seq), "t": time.time(), **data})
         with self._lock:
             self._history.append(event)
             subscribers = list(self._subscribers)

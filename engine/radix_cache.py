@@ -10,7 +10,7 @@ Contract:
   for slots that are literally the tree's own (the prefix it matched before).
 - `evict` frees least-recently-used unlocked leaves, cascading to parents that become unlocked leaves.
 - Sizes: `evictable_size` counts tokens in unlocked nodes, `protected_size` tokens in locked ones.
-- Events, through `emit(kind, data)` after each change: reset {root}, insert {node, parent, tokens, rid (the
+- Events, through `emit(kind, data)` after each change (engine/events.py types each): reset {root}, insert {node, parent, tokens, rid (the
   request whose tokens they are, or None)}, split {node, upper (the new node above it), parent, at}, lock and
   unlock {nodes}, hit {nodes, tokens, rid}, evict {nodes, tokens}. Replaying them rebuilds the structure.
 Only the scheduler thread mutates the tree; `snapshot` may be called from elsewhere while holding `lock`.
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-EventSink = Callable[[str, dict[str, Any]], None]
+from sgnb.engine.events import EventSink
 
 
 def _timed(op: Callable) -> Callable:

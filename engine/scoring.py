@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sgnb.engine.meta_info import MetaInfo
+
 SCORING_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
 
 Entry = tuple  # (logprob or None, token id or None, token text or None), as SGLang's input_token_logprobs
@@ -111,10 +113,10 @@ def unexpanded_index(k: int, spans: list[tuple[int, int]]) -> int:
 
 
 def decide(method: str, normalized: list[float], rows: list[list[Entry]],
-           uncond_rows: list[list[Any]] | None = None) -> tuple[int, dict[str, Any]]:
+           uncond_rows: list[list[Any]] | None = None) -> tuple[int, MetaInfo]:
     """Step 4: (index of the chosen choice, SGLang's meta_info for the method). uncond_rows (the unconditional
     method only): per choice, the entries of its token ids scored alone from their first token."""
-    meta: dict[str, Any] = {"normalized_prompt_logprobs": normalized, "input_token_logprobs": rows}
+    meta: MetaInfo = {"normalized_prompt_logprobs": normalized, "input_token_logprobs": rows}
     if method == "token_length_normalized":
         return _argmax(normalized), meta
     if method == "greedy_token_selection":

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import ChatTemplate
+from sgnb.engine.meta_info import MetaInfo
 from sgnb.media import Media
 from sgnb.sampling import GenParams
 
@@ -112,10 +113,10 @@ class InterruptibleBackend(Backend):
         else:  # a backend written before images takes one argument
             self.backend.cache_prefix(prefix)
 
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         return self._tracked(ctx.rid, lambda: self.backend.generate(ctx, params))
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         self._enter(ctx.rid)
         try:
             yield from self.backend.generate_stream(ctx, params)

@@ -35,6 +35,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("sgnb.dspy needs DSPy: pip install 'sgnb[dspy]'") from e
 
 from sgnb.backends.base import Backend
+from sgnb.engine.meta_info import MetaInfo
 from sgnb.function import function, get_default_backend
 from sgnb.logprobs import chat_logprobs
 from sgnb.primitives import assistant, gen, image
@@ -110,7 +111,7 @@ def _json_schema(fmt: Any) -> str | None:
     raise TypeError(f"response_format must be a pydantic model, a dict or a JSON string, got {type(fmt).__name__}")
 
 
-def _logprobs(meta: dict[str, Any]) -> dict[str, Any] | None:
+def _logprobs(meta: MetaInfo) -> dict[str, Any] | None:
     """OpenAI's chat logprobs of a result, None where the backend returned none."""
     return None if meta.get("output_token_logprobs") is None else chat_logprobs(meta)
 
@@ -167,7 +168,7 @@ class LM(dspy.BaseLM):
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for k, branch in enumerate(branches):
             text = branch["answer"]
-            meta = branch.get_meta_info("answer") or {}
+            meta: MetaInfo = branch.get_meta_info("answer") or MetaInfo()
             reason = (meta.get("finish_reason") or {}).get("type")
             choices.append({"index": k, "message": {"role": "assistant", "content": text},
                             "finish_reason": "length" if reason == "length" else "stop",

@@ -17,6 +17,7 @@ from typing import Any
 from sgnb import ir
 from sgnb.backends.base import Backend
 from sgnb.interpreter import StreamExecutor
+from sgnb.program_events import ProgramBeginEvent, Subscriber
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.state import ProgramState
 from sgnb.user_code import location, user_traceback
@@ -133,7 +134,7 @@ class SglFunction:
             ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
             top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
             stream: bool = False, backend: Backend | None = None, use_thread: bool = True,
-            subscribers: list[Callable[[dict], None]] | None = None, stream_interval_s: float | None = None,
+            subscribers: list[Subscriber] | None = None, stream_interval_s: float | None = None,
             **kwargs: Any) -> ProgramState:
         """Run the program; returns its state at once (gens run in the background; reading waits). With
         `stream`, a gen's text comes in pieces at most every `stream_interval_s` seconds (default: the
@@ -144,7 +145,7 @@ class SglFunction:
                          stream_interval_s)
 
     def run_on(self, state: ProgramState, *args: Any, backend: Backend | None = None, stream: bool | None = None,
-               subscribers: list[Callable[[dict], None]] | None = None, sampling: dict[str, Any] | None = None,
+               subscribers: list[Subscriber] | None = None, sampling: dict[str, Any] | None = None,
                **kwargs: Any) -> ProgramState:
         """Run this program's body on an existing state, which goes on from where it is: a finished state (what
         `run()` returned, a `%%sgl -o NAME` cell's) continues from its text, messages and variables, and its
@@ -162,14 +163,14 @@ class SglFunction:
         return self._run_body(state, arguments)
 
     def _run(self, backend: Backend, arguments: dict[str, Any], defaults: GenParams, stream: bool,
-             use_thread: bool, subscribers: list[Callable[[dict], None]],
+             use_thread: bool, subscribers: list[Subscriber],
              stream_interval_s: float | None = None) -> ProgramState:
         exe = StreamExecutor(backend, defaults, stream=stream, stream_interval_s=stream_interval_s,
                              use_thread=use_thread,
                              num_api_spec_tokens=self.num_api_spec_tokens, name=self.__name__,
                              subscribers=subscribers)
-        exe.emit({"type": "program_begin", "name": self.__name__,
-                  "arguments": {k: repr(v)[:200] for k, v in arguments.items()}})
+        exe.emit(ProgramBeginEvent(program=exe.id, parent=exe.parent_id, type="program_begin", name=self.__name__,
+                                   arguments={k: repr(v)[:200] for k, v in arguments.items()}))
         return self._run_body(ProgramState(exe), arguments)
 
     def _run_body(self, state: ProgramState, arguments: dict[str, Any]) -> ProgramState:
@@ -207,7 +208,7 @@ class SglFunction:
                   logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
                   return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False, frontend_hints: bool = True,
-                  subscribers: list[Callable[[dict], None]] | None = None,
+                  subscribers: list[Subscriber] | None = None,
                   stream: bool | None = None, generator_style: bool = False,
                   stream_interval_s: float | None = None) -> Any:
         """Run the program once per kwargs dict, concurrently. A failing program does not stop the others
@@ -283,7 +284,7 @@ class SglFunction:
 
     def _batch_generator(self, all_args: list[dict[str, Any]], backend: Backend, defaults: GenParams,
                          num_threads: int | str, progress_bar: bool, frontend_hints: bool,
-                         subscribers: list[Callable[[dict], None]] | None, stream: bool,
+                         subscribers: list[Subscriber] | None, stream: bool,
                          stream_interval_s: float | None) -> Iterator[ProgramState]:
         """run_batch(generator_style=True): the programs run as run_batch runs them; each state is yielded, in
         batch order, once it has finished. Closing the generator early (or an interrupt) aborts the rest."""

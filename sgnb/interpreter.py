@@ -3,7 +3,8 @@
 `s += node` submits without blocking; the executor appends text and calls the backend in order. Reading a
 variable blocks until it is set. An exception stops the state: later nodes are skipped, waiting readers wake
 up, and the error is raised at `s["v"]` / `sync()` with the program line that submitted the failing node.
-Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets.
+Executors publish trace events (text, gen chunks, selects, roles, images, forks) to subscribers, such as widgets:
+sgnb.program_events defines each kind.
 Threads: an executor with nodes to run holds one of the pool's threads until its queue is empty; at most
 PROGRAM_THREADS run nodes at once (`fork(1000)` starts no 1,000 threads: the branches take turns), plus one for
 each pool thread that waits inside a node on other states (a join, a variable of a fork), so that waiting never
@@ -49,7 +50,24 @@ from sgnb import ir
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
+from sgnb.engine.meta_info import MetaInfo, meta_subset
 from sgnb.media import Media, describe, thumbnail, video_frames
+from sgnb.program_events import (
+    EndEvent,
+    ErrorEvent,
+    ForkEvent,
+    GenBeginEvent,
+    GenEndEvent,
+    MediaEvent,
+    ProgramBeginEvent,
+    ProgramEvent,
+    ReasoningEvent,
+    RoleEvent,
+    SelectEvent,
+    Subscriber,
+    TextEvent,
+    VarEvent,
+)
 from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
 from sgnb.tool_decode import CallStep, decode_tool_call
@@ -222,7 +240,7 @@ class StreamExecutor:
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
                  stream_interval_s: float | None = None, use_thread: bool = True, num_api_spec_tokens: int | None = None,
                  chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None, name: str = "",
-                 subscribers: Iterable[Callable[[dict[str, Any]], None]] = ()) -> None:
+                 subscribers: Iterable[Subscriber] = ()) -> None:
         self.id = f"p{next(_ids)}"
         self.name = name  # the program's name (views show it)
         self.backend = backend
@@ -235,7 +253,7 @@ class StreamExecutor:
         self.messages_: list[dict[str, Any]] = []
         self.images_: list[Media] = []  # images and videos, in the order the program added them
         self.variables: dict[str, Any] = {}
-        self.meta_info: dict[str, Any] = {}
+        self.meta_info: dict[str, MetaInfo] = {}  # a gen's or select's, by its variable
         self.var_events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
         # names that appended, not yet run nodes will set: reading any other unset name fails at once
         self.pending_vars: Counter[str] = Counter()
@@ -260,11 +278,10 @@ class StreamExecutor:
         self.error_tb: types.TracebackType | None = None
         self.program_scratch: dict[str, Any] = {}
         self.current_rid: str | None = None
-        self.subscribers: list[Callable[[dict[str, Any]], None]] = [*(parent.subscribers if parent else ()),
-                                                                    *subscribers]
+        self.subscribers: list[Subscriber] = [*(parent.subscribers if parent else ()), *subscribers]
         self.parent_id = parent.id if parent else None
         # streamed chunks (var name or None, text) for text_iter; readers wait on the condition
-        self.chunks: list[tuple[str | None, str, dict | None]] = []  # (variable, text, the gen's meta so far)
+        self.chunks: list[tuple[str | None, str, MetaInfo | None]] = []  # (variable, text, the gen's meta so far)
         self.chunks_cond = threading.Condition()
         self.done = False
         self.ended = False  # end() was called: no more nodes (a later append continues the state instead)
@@ -326,7 +343,7 @@ class StreamExecutor:
         return out
 
     def continuation(self, backend: Backend | None = None, defaults: GenParams | None = None,
-                     stream: bool | None = None, subscribers: list[Callable[[dict[str, Any]], None]] | None = None,
+                     stream: bool | None = None, subscribers: list[Subscriber] | None = None,
                      name: str | None = None, arguments: dict[str, str] | None = None) -> StreamExecutor:
         """A new executor that goes on from this finished one: its text, messages, images, variables and open
         role (a new run whose requests hit the cache for this text). Waits for this one to finish; raises
@@ -349,8 +366,8 @@ class StreamExecutor:
         if self.text_:  # text_iter() of the continued state reads its whole text
             nxt.chunks.append((None, self.text_, None))
         nxt.subscribers.extend(subscribers or [])
-        nxt.emit({"type": "program_begin", "name": nxt.name, "arguments": dict(arguments or {}),
-                  "continues": self.id, "text": self.text_})
+        nxt.emit(ProgramBeginEvent(program=nxt.id, parent=nxt.parent_id, type="program_begin", name=nxt.name,
+                                   arguments=dict(arguments or {}), continues=self.id, text=self.text_))
         return nxt
 
     def _kick(self) -> None:
@@ -431,16 +448,17 @@ class StreamExecutor:
         finally:
             self.reasoning_vars = outer
 
-    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: MetaInfo | None = None) -> None:
         if not text:
             return
         self.text_ += text
         with self.chunks_cond:
             self.chunks.append((var, text, meta))
             self.chunks_cond.notify_all()
-        event: dict[str, Any] = {"type": "text", "text": text, "var": var}
+        # a literal, not TextEvent(...): one comes per streamed piece, and the call costs three literals
+        event: TextEvent = {"program": self.id, "parent": self.parent_id, "type": "text", "text": text, "var": var}
         if meta:  # a gen's piece: its token counts so far (views keep their counters moving while it streams)
-            event["progress"] = {k: meta[k] for k in _PROGRESS_KEYS if k in meta}
+            event["progress"] = meta_subset(meta, _PROGRESS_KEYS)
         self.emit(event)
 
     def _context(self) -> GenContext:
@@ -457,10 +475,10 @@ class StreamExecutor:
             params = dataclasses.replace(params, regex=DTYPE_REGEX[node.dtype])
         ctx = self._context()
         begin = len(self.text_)
-        self.emit({"type": "gen_begin", "var": node.name, "rid": ctx.rid, "where": node.where,
-                   "constraint": params.regex or params.json_schema or params.ebnf,
-                   "constraint_name": _schema_title(params.json_schema),
-                   "reasoning": self.reasoning_vars.get(node.name) if node.name is not None else None})
+        self.emit(GenBeginEvent(program=self.id, parent=self.parent_id, type="gen_begin", var=node.name, rid=ctx.rid,
+                                where=node.where, constraint=params.regex or params.json_schema or params.ebnf,
+                                constraint_name=_schema_title(params.json_schema),
+                                reasoning=self.reasoning_vars.get(node.name) if node.name is not None else None))
         value: Any
         try:
             if node.tools is not None:
@@ -489,19 +507,19 @@ class StreamExecutor:
             raise
         self._end_gen(node.name, ctx, value, meta)
 
-    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: dict[str, Any]) -> None:
+    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: MetaInfo) -> None:
         # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
-        self.emit({"type": "gen_end", "var": name, "rid": ctx.rid, "meta_info": _small_meta(meta),
-                   "prompt_chars": len(ctx.text)})
+        self.emit(GenEndEvent(program=self.id, parent=self.parent_id, type="gen_end", var=name, rid=ctx.rid,
+                              meta_info=_small_meta(meta), prompt_chars=len(ctx.text)))
         if name is not None:
             self.meta_info[name] = meta
             self._set_var(name, value)
 
-    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
         # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
         pieces: list[str] = []
-        meta: dict[str, Any] = {}
+        meta: MetaInfo = {}
         held, held_meta = "", meta
         try:
             for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
@@ -517,7 +535,7 @@ class StreamExecutor:
         return "".join(pieces), meta
 
     def _gen_tools(self, name: str | None, plan: ToolPlan, params: GenParams,
-                   ctx: GenContext) -> tuple[str, dict[str, Any]]:
+                   ctx: GenContext) -> tuple[str, MetaInfo]:
         """A gen that may (or must) call a tool. Returns the text it appended and its meta_info, whose
         "tool_calls" holds the calls (OpenAI's shape; [] for a text reply or a call cut short by max_tokens)."""
         begin = len(self.text_)
@@ -533,9 +551,9 @@ class StreamExecutor:
         # max_new_tokens bounds the whole reply: the call gets what the text left of it
         sp["max_new_tokens"] = params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens
         thinking = self._thinks_first(name, ctx)
-        progress: dict[str, Any] = {}
+        progress: MetaInfo = {}
 
-        def generate(step: CallStep) -> tuple[str, dict[str, Any]]:
+        def generate(step: CallStep) -> tuple[str, MetaInfo]:
             nonlocal progress
             self._append(step.prefix[len(self.text_) - begin:], name, progress or None)
             # the gen's first request has its context (gen_begin told its rid); a later one continues the text
@@ -583,9 +601,10 @@ class StreamExecutor:
         elapsed = time.perf_counter() - t0
         self._append(decision.decision, node.name)
         # meta_info: its prompt and cached tokens (summed over the choices' scoring requests), for the metrics
-        self.emit({"type": "select", "var": node.name, "choice": decision.decision, "choices": list(node.choices),
-                   "normalized_prompt_logprobs": decision.meta_info.get("normalized_prompt_logprobs"),
-                   "meta_info": _small_meta(decision.meta_info), "elapsed": elapsed})
+        self.emit(SelectEvent(program=self.id, parent=self.parent_id, type="select", var=node.name,
+                              choice=decision.decision, choices=list(node.choices),
+                              normalized_prompt_logprobs=decision.meta_info.get("normalized_prompt_logprobs"),
+                              meta_info=_small_meta(decision.meta_info), elapsed=elapsed))
         if node.name is not None:
             self.meta_info[node.name] = decision.meta_info
             self._set_var(node.name, decision.decision)
@@ -613,7 +632,7 @@ class StreamExecutor:
             if answers in self.unanswered:
                 self.unanswered.remove(answers)
             self.role_answers = answers
-        self.emit({"type": "role_begin", "role": node.role})
+        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_begin", role=node.role))
 
     def _role_end(self, node: ir.RoleEnd) -> None:
         if self.cur_role != node.role:
@@ -625,7 +644,7 @@ class StreamExecutor:
         _, suffix = self.chat_template.prefix_and_suffix(node.role)
         self.cur_role = None
         self._append(suffix)
-        self.emit({"type": "role_end", "role": node.role})
+        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_end", role=node.role))
 
     def _role_message(self) -> dict[str, Any]:
         """The open role's message: its text less what is not content, with its tool calls (an assistant's)
@@ -665,24 +684,28 @@ class StreamExecutor:
     def _image(self, node: ir.Image) -> None:
         media = Media("image", node.path)
         token = self.backend.media_token(media)  # a backend that takes no images fails here, at the line
-        self._add_media(media, token, {"thumbnail": thumbnail(media)})  # reads the image: unreadable fails here
+        self._add_media(media, token, thumbnail(media))  # reads the image: unreadable fails here
 
     def _video(self, node: ir.Video) -> None:
         media = Media("video", node.path, node.num_frames)
         token = self.backend.media_token(media)
         frames = video_frames(media)
-        self._add_media(media, token, {"thumbnail": frames[0] if frames else None, "frames": frames,
-                                       "num_frames": node.num_frames})
+        self._add_media(media, token, frames[0] if frames else None, (frames, node.num_frames))
 
-    def _add_media(self, media: Media, token: str, view: dict[str, Any]) -> None:
+    def _add_media(self, media: Media, token: str, thumb: str | None,
+                   video: tuple[list[str], int] | None = None) -> None:
+        """`media` joins the state as `token`; views get its thumbnail (a video's also its frames and count)."""
         self.images_.append(media)
         self.text_ += token
         with self.chunks_cond:
             self.chunks.append((None, token, None))
             self.chunks_cond.notify_all()
         label = describe(media)
-        self.emit({"type": media.kind, "index": len(self.images_) - 1, "text": token, "source": label,
-                   "path": label, **view})
+        event = MediaEvent(program=self.id, parent=self.parent_id, type="video" if media.kind == "video" else "image",
+                           index=len(self.images_) - 1, text=token, source=label, path=label, thumbnail=thumb)
+        if video is not None:
+            event["frames"], event["num_frames"] = video
+        self.emit(event)
 
     def _var_scope_begin(self, node: ir.VarScopeBegin) -> None:
         self.var_scopes[node.name] = len(self.text_)
@@ -721,7 +744,8 @@ class StreamExecutor:
                                              "content": content[:i] + answer + content[i + len(value):]}
                         break
                 self._set_var(name, answer)
-            self.emit({"type": "reasoning", "var": name, "reasoning": reasoning, "answer": answer})
+            self.emit(ReasoningEvent(program=self.id, parent=self.parent_id, type="reasoning", var=name,
+                                     reasoning=reasoning, answer=answer))
             self._set_var(f"{name}_reasoning_content", reasoning)
 
     def _reasoning_format(self, node: ir.SeparateReasoning) -> ReasoningFormat:
@@ -731,7 +755,7 @@ class StreamExecutor:
     def _set_var(self, name: str, value: Any) -> None:
         self.variables[name] = value
         self.var_events[name].set()
-        self.emit({"type": "var", "name": name})
+        self.emit(VarEvent(program=self.id, parent=self.parent_id, type="var", name=name))
 
     def set_var(self, name: str, value: Any) -> None:
         self.sync()
@@ -789,8 +813,8 @@ class StreamExecutor:
             return False
         self.error_, self.error_where, self.error_tb = error, where, error.__traceback__
         self.aborted = self.aborted or interrupted
-        self.emit({"type": "error", "where": where, "interrupted": interrupted,
-                   "message": "interrupted" if interrupted else f"{type(error).__name__}: {error}"})
+        self.emit(ErrorEvent(program=self.id, parent=self.parent_id, type="error", where=where, interrupted=interrupted,
+                             message="interrupted" if interrupted else f"{type(error).__name__}: {error}"))
         for ev in list(self.var_events.values()):
             ev.set()
         return True
@@ -829,10 +853,10 @@ class StreamExecutor:
         between nodes, or when no node knows its line)."""
         return self.error_where or self.where_
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: ProgramEvent) -> None:
+        """Give `event` (a sgnb.program_events record, its `program` and `parent` this state's) to the subscribers."""
         if not self.subscribers:
             return
-        event = {"program": self.id, "parent": self.parent_id, **event}
         for callback in list(self.subscribers):
             try:
                 callback(event)
@@ -843,7 +867,7 @@ class StreamExecutor:
         with self.chunks_cond:
             self.done = True
             self.chunks_cond.notify_all()
-        self.emit({"type": "end"})
+        self.emit(EndEvent(program=self.id, parent=self.parent_id, type="end"))
         self.subscribers = []  # the run is over: what comes after (a continuation, a copy) is not its view's
 
     # ---- fork --------------------------------------------------------------------------------------------
@@ -863,7 +887,7 @@ class StreamExecutor:
             self.children.add(child)
             child.fork_start, child.fork_media = len(self.text_), len(self.images_)
             children.append(child)
-        self.emit({"type": "fork", "children": [c.id for c in children]})
+        self.emit(ForkEvent(program=self.id, parent=self.parent_id, type="fork", children=[c.id for c in children]))
         return children
 
 
@@ -930,14 +954,14 @@ def _schema_title(schema: str | None) -> str | None:
     return title if isinstance(title, str) and title else None
 
 
-def _small_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def _small_meta(meta: MetaInfo) -> MetaInfo:
     """What a gen_end event carries for views: counts, timings (the engine's clock: ttft and e2e_latency both
     from the request's arrival), where the cache hit ends in the prompt's characters (cached_chars, from the
     engine), the output tokens as (text, forced) pairs and, when the gen asked for logprobs, their logprobs and
     top alternatives (the lists the backend returned, not copied)."""
     keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_chars", "finish_reason", "e2e_latency",
             "ttft", "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
-    return {k: meta[k] for k in keys if k in meta}
+    return meta_subset(meta, keys)
 
 
 _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {

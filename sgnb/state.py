@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from sgnb import ir
+from sgnb.engine.meta_info import MetaInfo
 from sgnb.interpreter import ProgramError, StreamExecutor
 from sgnb.primitives import as_node, role, tool
 from sgnb.user_code import user_location
@@ -111,7 +112,7 @@ class ProgramState:
         self._settle()
         return name in self.executor.variables
 
-    def get_meta_info(self, name: str) -> dict[str, Any]:
+    def get_meta_info(self, name: str) -> MetaInfo:
         self.get_var(name)
         return self.executor.meta_info.get(name, {})
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolPlan, joined_meta, opened_call, parse_call
 
-Decoded = tuple[str, dict[str, Any]]  # what a request decoded: its text and its meta_info
+Decoded = tuple[str, MetaInfo]  # what a request decoded: its text and its meta_info
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ToolReply:
     content: str
     call: dict[str, Any] | None
     call_start: int
-    meta: dict[str, Any]
+    meta: MetaInfo
 
 
 def tool_steps(plan: ToolPlan, sp: dict[str, Any],
@@ -101,7 +102,7 @@ def decode_tool_call(plan: ToolPlan, sp: dict[str, Any], generate: Callable[[Cal
             return done.value
 
 
-def _before_call(text: str, meta: dict[str, Any]) -> str:
+def _before_call(text: str, meta: MetaInfo) -> str:
     """The text request's text before the call it opened (with no_stop_trim the text still ends with the match)."""
-    matched = meta["finish_reason"]["matched"]
+    matched = cast(str, cast(FinishReason, meta["finish_reason"])["matched"])  # the string that opened the call
     return text[: -len(matched)] if matched and text.endswith(matched) else text

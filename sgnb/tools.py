@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sgnb.engine.meta_info import MetaInfo
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_RESPONSE_OPEN = "<tool_response>"
@@ -204,13 +206,15 @@ def opened_call(finish_reason: Any) -> str | None:
     return None
 
 
-def joined_meta(text: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+def joined_meta(text: MetaInfo, call: MetaInfo) -> MetaInfo:
     """meta_info of a reply decoded in two requests (text, then the constrained call after it)."""
-    out = {**call, "prompt_tokens": text.get("prompt_tokens", 0), "cached_tokens": text.get("cached_tokens", 0),
-           "completion_tokens": text.get("completion_tokens", 0) + call.get("completion_tokens", 0)}
-    for key in ("output_token_logprobs", "output_top_logprobs"):
-        if text.get(key) is not None or call.get(key) is not None:
-            out[key] = list(text.get(key) or []) + list(call.get(key) or [])
+    out: MetaInfo = {**call, "prompt_tokens": text.get("prompt_tokens", 0), "cached_tokens": text.get("cached_tokens", 0),
+                     "completion_tokens": text.get("completion_tokens", 0) + call.get("completion_tokens", 0)}
+    if text.get("output_token_logprobs") is not None or call.get("output_token_logprobs") is not None:
+        out["output_token_logprobs"] = [*(text.get("output_token_logprobs") or []),
+                                        *(call.get("output_token_logprobs") or [])]
+    if text.get("output_top_logprobs") is not None or call.get("output_top_logprobs") is not None:
+        out["output_top_logprobs"] = [*(text.get("output_top_logprobs") or []), *(call.get("output_top_logprobs") or [])]
     return out
 
 

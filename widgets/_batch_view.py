@@ -13,17 +13,15 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import anywidget
 import traitlets
 
+from sgnb.program_events import ErrorEvent, GenBeginEvent, GenEndEvent, ProgramEvent, Subscriber, TextEvent
 from sgnb.widgets._display import refresh, show
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
-
-Event = dict[str, Any]
 
 MAX_ROWS = 200  # rows synced (the first ones of the batch); the counts cover every program
 MAX_VALUE = 80  # characters of a value shown in a cell
@@ -88,11 +86,11 @@ class BatchView(anywidget.AnyWidget):
 
     def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
                  interval: float = BATCH_INTERVAL, t_begin: float | None = None,
-                 early: list[tuple[int, float, Event]] | None = None, states: list[Any] | None = None,
+                 early: list[tuple[int, float, ProgramEvent]] | None = None, states: list[Any] | None = None,
                  **kwargs: Any) -> None:
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.RLock()
-        self._pending: list[tuple[int, float, Event]] = []  # (program, arrival time, event)
+        self._pending: list[tuple[int, float, ProgramEvent]] = []  # (program, arrival time, event)
         self._rows = [_Row(i, {k: argument_text(v) for k, v in a.items()}) for i, a in enumerate(arguments or [])]
         self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
         self._t_begin = time.time() if t_begin is None else t_begin  # (the batch's start: its elapsed time)
@@ -106,10 +104,10 @@ class BatchView(anywidget.AnyWidget):
         super().__init__(title=title, **self._state(), **kwargs)  # the rows travel with the widget's opening
 
     # ---- feeding -----------------------------------------------------------------------------------------
-    def subscriber_for(self, index: int) -> Callable[[Event], None]:
+    def subscriber_for(self, index: int) -> Subscriber:
         """The event callback for the batch's program `index` (its branches' events come through it too)."""
 
-        def on_event(event: Event) -> None:
+        def on_event(event: ProgramEvent) -> None:
             now = time.time()  # the row's timings are the events' own, not the later flush's
             with self._lock:
                 self._pending.append((index, now, event))
@@ -117,7 +115,7 @@ class BatchView(anywidget.AnyWidget):
 
         return on_event
 
-    def take(self, events: list[tuple[int, float, Event]]) -> None:
+    def take(self, events: list[tuple[int, float, ProgramEvent]]) -> None:
         """Events that came while the view was being made: (program index, arrival time, event)."""
         if events:
             with self._lock:
@@ -172,7 +170,7 @@ class BatchView(anywidget.AnyWidget):
                 self._apply(self._rows[index], event, when)
         return bool(events)
 
-    def _apply(self, row: _Row, e: Event, now: float) -> None:
+    def _apply(self, row: _Row, e: ProgramEvent, now: float) -> None:
         kind, pid = e.get("type"), str(e.get("program") or "")
         if row.program is None and e.get("parent") is None:
             row.program = pid
@@ -180,17 +178,20 @@ class BatchView(anywidget.AnyWidget):
             row.t_begin, row.status = now, "running"
         own = pid == row.program  # a branch's gens count toward progress; its values come with finish()
         if kind == "gen_begin":
+            begin = cast(GenBeginEvent, e)
             row.gens += 1
-            if own and e.get("var"):
-                row.values[str(e["var"])] = ""
+            if own and begin.get("var"):
+                row.values[str(begin["var"])] = ""
         elif kind == "gen_end":
             row.gens_done += 1
-            row.tokens += int((e.get("meta_info") or {}).get("completion_tokens") or 0)
+            row.tokens += int((cast(GenEndEvent, e).get("meta_info") or {}).get("completion_tokens") or 0)
         elif kind == "text" and own and e.get("var"):
-            row.values[str(e["var"])] = row.values.get(str(e["var"]), "") + str(e.get("text", ""))
+            text = cast(TextEvent, e)
+            row.values[str(text["var"])] = row.values.get(str(text["var"]), "") + str(text.get("text", ""))
         elif kind == "error" and row.status not in ("error", "interrupted"):
-            row.status = "interrupted" if e.get("interrupted") else "error"
-            row.error = _short(str(e.get("message", "")), 300)
+            error = cast(ErrorEvent, e)
+            row.status = "interrupted" if error.get("interrupted") else "error"
+            row.error = _short(str(error.get("message", "")), 300)
             row.t_end = now
         elif kind == "end" and own:
             if row.status == "running":
@@ -248,14 +249,14 @@ class BatchTable:
         self.interval = BATCH_INTERVAL  # the table's refresh, and the pace its programs' gens stream at
         self.view: BatchView | None = None
         self._lock = threading.Lock()  # guards _early and the moment `view` is set
-        self._early: list[tuple[int, float, Event]] = []
+        self._early: list[tuple[int, float, ProgramEvent]] = []
         self._t_begin = time.time()
 
-    def subscriber_for(self, index: int) -> Callable[[Event], None]:
+    def subscriber_for(self, index: int) -> Subscriber:
         """The event callback for the batch's program `index` (any thread)."""
-        feed: Callable[[Event], None] | None = None
+        feed: Subscriber | None = None
 
-        def on_event(event: Event) -> None:
+        def on_event(event: ProgramEvent) -> None:
             nonlocal feed
             if feed is None:
                 with self._lock:

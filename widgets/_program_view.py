@@ -1,4 +1,4 @@
-"""ProgramView: an LM program as it runs, fed by the interpreter's program events.
+"""ProgramView: an LM program as it runs, fed by the interpreter's program events (sgnb.program_events).
 
 `view.on_event` (also `view.subscriber`) is called from executor threads: it only appends to a buffer (with the
 time it arrived: the wall-clock timings are the events' own, not the later flush's). A Ticker thread folds the
@@ -21,18 +21,33 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anywidget
 import traitlets
 
+from sgnb.engine.meta_info import MetaInfo, meta_subset
+from sgnb.program_events import (
+    EndEvent,
+    ErrorEvent,
+    ForkEvent,
+    GenBeginEvent,
+    GenEndEvent,
+    MediaEvent,
+    ProgramBeginEvent,
+    ProgramEvent,
+    ReasoningEvent,
+    RoleEvent,
+    SelectEvent,
+    Subscriber,
+    TextEvent,
+    VarEvent,
+)
 from sgnb.reasoning import ReasoningStream
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import FRAME_PX, MAX_FRAMES, THUMB_PX, small_image
 from sgnb.widgets._ticker import BATCH_INTERVAL, Ticker
 from sgnb.widgets._tree_rows import CHAT_MARKER, has_marker
-
-Event = dict[str, Any]
 
 _META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency", "ttft",
               "decode_steps", "forced_tokens")
@@ -88,7 +103,7 @@ class _Program:
                 "elapsed": round((self.t_end or time.time()) - self.t_begin, 3)}
 
 
-def softmax(logprobs: list[float | None] | None) -> list[float | None]:
+def softmax(logprobs: Sequence[float | None] | None) -> list[float | None]:
     """Probabilities of the choices from select's normalized prompt logprobs (None where a value is missing)."""
     if not logprobs:
         return []
@@ -148,7 +163,7 @@ def align_tokens(text: str, pieces: list[str]) -> list[str] | None:
     return out if pos == len(text) else None
 
 
-def token_detail(text: str, meta: dict[str, Any]) -> list[list[Any]] | None:
+def token_detail(text: str, meta: MetaInfo) -> list[list[Any]] | None:
     """A gen's tokens for the view: [text, forced, logprob | None, [[alternative, logprob], ...] | None] each,
     from the backend's (text, forced) pairs (the engine's pieces join to the text and are taken as they are;
     other token texts are fitted to it) or else its logprob entries' token texts, and, when logprobs were asked
@@ -263,7 +278,7 @@ class ProgramView(anywidget.AnyWidget):
         super().__init__(title=title, **kwargs)
         self._lock = threading.Lock()  # guards _pending (appended from executor threads)
         self._flush_lock = threading.RLock()  # one flush at a time; guards the program model below
-        self._pending: list[tuple[float, Event]] = []  # (arrival time, event)
+        self._pending: list[tuple[float, ProgramEvent]] = []  # (arrival time, event)
         self._programs: dict[str, _Program] = {}
         self._alias: dict[str, str] = {}  # a continuation's program id -> the program it continues here
         self._now = time.time()  # the arrival time of the event being applied
@@ -273,7 +288,7 @@ class ProgramView(anywidget.AnyWidget):
         self._ticker = Ticker(self.flush, max(interval, 0.05), "sgnb-program-view", idle_stop=2.0)
 
     # ---- feeding -----------------------------------------------------------------------------------------
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: ProgramEvent) -> None:
         """Take one program event (any thread). Only appends; the timer thread does the rest."""
         now = time.time()
         with self._lock:
@@ -281,7 +296,7 @@ class ProgramView(anywidget.AnyWidget):
         self._ticker.start()
 
     @property
-    def subscriber(self) -> Callable[[Event], None]:
+    def subscriber(self) -> Subscriber:
         """The callable to pass as `fn.run(..., subscribers=[view.subscriber])`."""
         return self.on_event
 
@@ -364,7 +379,7 @@ class ProgramView(anywidget.AnyWidget):
             self.summary = summary
         self.flushes += 1
 
-    def _program(self, event: Event) -> _Program:
+    def _program(self, event: ProgramEvent) -> _Program:
         pid = event.get("program") or "?"
         pid = self._alias.get(pid, pid)
         prog = self._programs.get(pid)
@@ -379,18 +394,18 @@ class ProgramView(anywidget.AnyWidget):
                 prog.pieces = [x for x in parent.pieces if x[1] <= prog.chars]
         return prog
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: ProgramEvent) -> None:
         if event.get("type") == "program_begin" and event.get("continues"):
-            self._continuation(event)
+            self._continuation(cast(ProgramBeginEvent, event))
             return
         handler = _HANDLERS.get(event.get("type", ""))
         if handler is not None:
             handler(self, self._program(event), event)
 
-    def _program_begin(self, p: _Program, e: Event) -> None:
+    def _program_begin(self, p: _Program, e: ProgramBeginEvent) -> None:
         p.name, p.arguments = e.get("name", ""), dict(e.get("arguments") or {})
 
-    def _continuation(self, e: Event) -> None:
+    def _continuation(self, e: ProgramBeginEvent) -> None:
         """A finished state goes on (a new run from its text). A view that showed its earlier run shows it
         growing in place; another view (a later cell's) starts with the earlier text, collapsed."""
         old = self._alias.get(str(e["continues"]), str(e["continues"]))
@@ -407,7 +422,7 @@ class ProgramView(anywidget.AnyWidget):
             shown = text if len(text) <= MAX_PRIOR_CHARS else "..." + text[-MAX_PRIOR_CHARS:]
             prog.segments.append({"k": "prior", "text": shown, "chars": len(text), "from": old})
 
-    def _text(self, p: _Program, e: Event) -> None:
+    def _text(self, p: _Program, e: TextEvent) -> None:
         text, var = e.get("text", ""), e.get("var")
         start = p.advance(text)
         gen = p.open_gen
@@ -428,7 +443,7 @@ class ProgramView(anywidget.AnyWidget):
         p.segments.append(seg)
         p.unread.append((seg, start))
 
-    def _gen_begin(self, p: _Program, e: Event) -> None:
+    def _gen_begin(self, p: _Program, e: GenBeginEvent) -> None:
         constraint = e.get("constraint")
         seg: dict[str, Any] = {"k": "gen", "var": e.get("var"), "rid": e.get("rid"), "where": e.get("where"), "text": "",
                "constraint": str(constraint)[:300] if constraint else None,
@@ -458,15 +473,15 @@ class ProgramView(anywidget.AnyWidget):
             think["seconds"] = round(self._now - p.open_gen_t, 3) if think["end"] else None
             p.thinking_closed_t = self._now
 
-    def _gen_end(self, p: _Program, e: Event) -> None:
+    def _gen_end(self, p: _Program, e: GenEndEvent) -> None:
         seg = p.open_gen
         if seg is None or seg["rid"] != e.get("rid"):
             seg = next((s for s in reversed(p.segments) if s["k"] == "gen" and s["rid"] == e.get("rid")), None)
             if seg is None:
                 return
         assert seg is not None
-        meta = dict(e.get("meta_info") or {})
-        seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
+        meta: MetaInfo = {**(e.get("meta_info") or {})}
+        seg["meta"] = meta_subset(meta, _META_KEYS)
         seg["tokens"] = token_detail(seg["text"], meta)
         seg["logprobs"] = bool(seg["tokens"]) and any(t[2] is not None for t in seg["tokens"])
         seg["done"] = True
@@ -485,7 +500,7 @@ class ProgramView(anywidget.AnyWidget):
         if isinstance(e.get("prompt_chars"), int):
             self._mark_cached(p, seg, e["prompt_chars"], meta.get("cached_chars"))
 
-    def _think_done(self, p: _Program, seg: dict[str, Any], meta: dict[str, Any]) -> None:
+    def _think_done(self, p: _Program, seg: dict[str, Any], meta: MetaInfo) -> None:
         """The gen ended: the rest of its split, the reasoning's exact token count (its tokens up to where the
         answer starts) and, for a gen not streamed, its time on the engine's clock (the decode time shared by
         the tokens)."""
@@ -520,7 +535,7 @@ class ProgramView(anywidget.AnyWidget):
                 and isinstance(e2e, (int, float)):
             think["seconds"] = round(ttft + (e2e - ttft) * min(1.0, think["tokens"] / out), 3)
 
-    def _reasoning(self, p: _Program, e: Event) -> None:
+    def _reasoning(self, p: _Program, e: ReasoningEvent) -> None:
         """separate_reasoning split a gen: its text is the split's (one implementation), and the program's text
         lost the thinking (the cached-prompt estimates count from the shorter text)."""
         var = e.get("var")
@@ -575,7 +590,7 @@ class ProgramView(anywidget.AnyWidget):
         if isinstance(done, int) and seg["tokens"] is not None and len(seg["tokens"]) == done:
             p.anchors += [(p.chars, prompt + done)]
 
-    def _select(self, p: _Program, e: Event) -> None:
+    def _select(self, p: _Program, e: SelectEvent) -> None:
         choice, var = e.get("choice", ""), e.get("var")
         seg = p.segments[-1] if p.segments else None
         if seg is None or not (seg["k"] == "select" and seg["var"] == var
@@ -587,20 +602,19 @@ class ProgramView(anywidget.AnyWidget):
         logprobs = e.get("normalized_prompt_logprobs") or []
         probs = softmax(logprobs)
         choices = list(e.get("choices") or [])
-        meta = dict(e.get("meta_info") or {})
-        seg["meta"] = {k: meta[k] for k in _META_KEYS if k in meta}
+        seg["meta"] = meta_subset(e.get("meta_info") or {}, _META_KEYS)
         seg["elapsed"] = round(e["elapsed"], 4) if isinstance(e.get("elapsed"), (int, float)) else None
         seg["choices"] = [{"text": c, "logprob": logprobs[i] if i < len(logprobs) else None,
                            "p": probs[i] if i < len(probs) else None, "chosen": c == choice}
                           for i, c in enumerate(choices)]
 
-    def _role_begin(self, p: _Program, e: Event) -> None:
+    def _role_begin(self, p: _Program, e: RoleEvent) -> None:
         p.segments.append({"k": "role_begin", "role": e.get("role")})
 
-    def _role_end(self, p: _Program, e: Event) -> None:
+    def _role_end(self, p: _Program, e: RoleEvent) -> None:
         p.segments.append({"k": "role_end", "role": e.get("role")})
 
-    def _media(self, p: _Program, e: Event) -> None:
+    def _media(self, p: _Program, e: MediaEvent) -> None:
         # the event's own thumbnail / frames (any input form) when it has them, else what a readable path gives
         path = str(e.get("path") or "")
         thumb = small_image(e.get("thumbnail"), THUMB_PX) or small_image(path, THUMB_PX)
@@ -613,7 +627,7 @@ class ProgramView(anywidget.AnyWidget):
                            "num_frames": e.get("num_frames")})
         p.advance(str(e.get("text") or ""), 1)  # its tokens are the engine's to know: the points absorb them
 
-    def _fork(self, p: _Program, e: Event) -> None:
+    def _fork(self, p: _Program, e: ForkEvent) -> None:
         children = [str(c) for c in e.get("children") or []]
         p.segments.append({"k": "fork", "children": children})
         for c in children:
@@ -621,12 +635,12 @@ class ProgramView(anywidget.AnyWidget):
             if c not in p.children:
                 p.children.append(c)
 
-    def _var(self, p: _Program, e: Event) -> None:
+    def _var(self, p: _Program, e: VarEvent) -> None:
         name = e.get("name")
         if name is not None and name not in p.variables:
             p.variables.append(name)
 
-    def _error(self, p: _Program, e: Event) -> None:
+    def _error(self, p: _Program, e: ErrorEvent) -> None:
         if p.status == "interrupted":
             return  # what the interrupt made fail next (the aborted request) is not another error
         p.error = {"message": str(e.get("message", ""))[:2000], "where": e.get("where")}
@@ -643,7 +657,7 @@ class ProgramView(anywidget.AnyWidget):
         # an interrupted gen stays open for what it wrote until the abort reached it (its text and gen_end
         # come after this event); the program's end closes it otherwise
 
-    def _end(self, p: _Program, e: Event) -> None:
+    def _end(self, p: _Program, e: EndEvent) -> None:
         if p.status == "running":
             p.status = "done"
         p.t_end = p.t_end or self._now
@@ -673,7 +687,8 @@ class ProgramView(anywidget.AnyWidget):
         return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
 
 
-_HANDLERS: dict[str, Callable[[ProgramView, _Program, Event], None]] = {
+# each kind's handler takes that kind's record (sgnb.program_events)
+_HANDLERS: dict[str, Callable[[ProgramView, _Program, Any], None]] = {
     "program_begin": ProgramView._program_begin,
     "text": ProgramView._text,
     "gen_begin": ProgramView._gen_begin,

@@ -26,6 +26,16 @@ from typing import Any
 import anywidget
 import traitlets
 
+from sgnb.engine.events import (
+    Event,
+    EvictEvent,
+    HitEvent,
+    InsertEvent,
+    LockEvent,
+    RequestEvent,
+    ResetEvent,
+    SplitEvent,
+)
 from sgnb.widgets._esm import bundle
 from sgnb.widgets._media import CHIP_PX, key_label
 from sgnb.widgets._ticker import Ticker
@@ -40,7 +50,6 @@ from sgnb.widgets._tree_rows import (
     node_details,
 )
 
-Event = dict[str, Any]
 MAX_RIDS = 32  # request ids kept per node (the most recent)
 EAGER_LABELS = 64  # nodes a flush labels as soon as they appear (an evicted node keeps its label)
 
@@ -212,7 +221,7 @@ class RadixTreeView(anywidget.AnyWidget):
             n.add_rid(rid)
             n = self._nodes.get(n.parent)
 
-    def _on_insert(self, e: Event) -> None:
+    def _on_insert(self, e: InsertEvent) -> None:
         parent = self._nodes.get(e["parent"])
         if parent is None:
             self._resync()
@@ -224,7 +233,7 @@ class RadixTreeView(anywidget.AnyWidget):
         self._share(n, e.get("rid"))
         self._unlabelled.append(n.id)
 
-    def _on_split(self, e: Event) -> None:
+    def _on_split(self, e: SplitEvent) -> None:
         child, parent = self._nodes.get(e["node"]), self._nodes.get(e["parent"])
         if child is None or parent is None or e["upper"] in self._nodes:
             if e["upper"] not in self._nodes:
@@ -241,7 +250,7 @@ class RadixTreeView(anywidget.AnyWidget):
         self._nodes[upper.id] = upper
         self._unlabelled.extend((upper.id, child.id))
 
-    def _on_hit(self, e: Event) -> None:
+    def _on_hit(self, e: HitEvent) -> None:
         rid, t = e.get("rid"), e.get("t", self._clock)
         for node_id in e.get("nodes", ()):
             n = self._nodes.get(node_id)
@@ -251,7 +260,7 @@ class RadixTreeView(anywidget.AnyWidget):
                 if rid:
                     n.add_rid(rid)
 
-    def _on_evict(self, e: Event) -> None:
+    def _on_evict(self, e: EvictEvent) -> None:
         t = time.time()
         for node_id in e.get("nodes", ()):
             n = self._nodes.get(node_id)
@@ -263,13 +272,13 @@ class RadixTreeView(anywidget.AnyWidget):
         if sum(1 for n in self._nodes.values() if n.evicted_t is not None) > MAX_EVICTED:
             self._expire(keep=MAX_EVICTED)
 
-    def _on_lock(self, e: Event) -> None:
+    def _on_lock(self, e: LockEvent) -> None:
         for node_id in e.get("nodes", ()):
             n = self._nodes.get(node_id)
             if n is not None:
                 n.locked = e["type"] == "lock"
 
-    def _on_reset(self, e: Event) -> None:
+    def _on_reset(self, e: ResetEvent) -> None:
         """A new empty tree (flush_cache): nodes still drawn as evicted stay, hung under the new root."""
         root, old = e["root"], self._root
         new = _Node(root, None, 0, 0.0)
@@ -281,7 +290,7 @@ class RadixTreeView(anywidget.AnyWidget):
         self._nodes = {root: new, **keep}
         self._root = root
 
-    def _on_request(self, e: Event) -> None:
+    def _on_request(self, e: RequestEvent) -> None:
         rid, state = e.get("rid"), e.get("state")
         if rid is None:
             return
@@ -410,7 +419,8 @@ class RadixTreeView(anywidget.AnyWidget):
         return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
 
 
-_HANDLERS: dict[str, Callable[[RadixTreeView, Event], None]] = {
+# each kind's handler takes that kind's record (sgnb.engine.events)
+_HANDLERS: dict[str, Callable[[RadixTreeView, Any], None]] = {
     "insert": RadixTreeView._on_insert,
     "split": RadixTreeView._on_split,
     "hit": RadixTreeView._on_hit,

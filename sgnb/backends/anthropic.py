@@ -21,6 +21,7 @@ from typing import Any
 from sgnb.backends._api_common import Usage, api_errors, check_assistant_turn, check_one_sample, token_counts
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import PLAIN, ChatTemplate
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.media import IMAGE_MARKER, Media, data_url, is_url, split_data_url, with_media_parts
 from sgnb.sampling import SAMPLING_DEFAULTS, SAMPLING_FIELDS, GenParams
 
@@ -112,14 +113,14 @@ class Anthropic(Backend):
             kw["extra_body"] = extra
         return kw
 
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         kw = self._request(ctx, params)
         with self._api_errors("Anthropic messages.create"):
             msg = self.client.messages.create(**kw)
         self._count(msg.usage)
         return _text(msg), _meta(msg)
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         kw = self._request(ctx, params)
         with self._api_errors("Anthropic messages.stream"):
             with self.client.messages.stream(**kw) as stream:
@@ -147,13 +148,13 @@ def _text(msg: Any) -> str:
     return "".join(block.text for block in msg.content if getattr(block, "type", None) == "text")
 
 
-def _meta(msg: Any) -> dict[str, Any]:
+def _meta(msg: Any) -> MetaInfo:
     reason = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}.get(msg.stop_reason,
                                                                                         msg.stop_reason)
-    finish: dict[str, Any] = {"type": reason}
+    finish: FinishReason = {"type": reason}
     if msg.stop_sequence is not None:
         finish["matched"] = msg.stop_sequence
-    meta: dict[str, Any] = {"id": msg.id, "finish_reason": finish, "stop_reason": msg.stop_reason}
+    meta: MetaInfo = {"id": msg.id, "finish_reason": finish, "stop_reason": msg.stop_reason}
     if msg.usage is not None:
-        meta.update(prompt_tokens=msg.usage.input_tokens, completion_tokens=msg.usage.output_tokens)
+        meta.update({"prompt_tokens": msg.usage.input_tokens, "completion_tokens": msg.usage.output_tokens})
     return meta

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sgnb.chat_template import PLAIN, ChatTemplate
+from sgnb.engine.meta_info import MetaInfo
 from sgnb.media import Media, is_url
 from sgnb.sampling import GenParams
 
@@ -41,7 +42,7 @@ class GenContext:
 @dataclass(frozen=True)
 class ChoiceDecision:
     decision: str
-    meta_info: dict[str, Any]
+    meta_info: MetaInfo  # a select's (its choices' scores)
 
 
 class BackendError(RuntimeError):
@@ -53,10 +54,10 @@ class RequestAborted(BackendError):
     it generated that the caller has not been given yet (the whole output for a plain generate, the last piece
     for a stream) and `meta` its meta_info (finish_reason "abort", the token counts so far)."""
 
-    def __init__(self, message: str, text: str = "", meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, text: str = "", meta: MetaInfo | None = None) -> None:
         super().__init__(message)
         self.text = text
-        self.meta = dict(meta or {})
+        self.meta: MetaInfo = {**(meta or {})}
 
 
 class Backend:
@@ -91,22 +92,22 @@ class Backend:
         """Frontend hint: `prefix` (with `images`, the media its image tokens stand for) is about to be shared by
         several requests; compute its KV once now."""
 
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         raise NotImplementedError
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         """Yields (new text, meta_info) chunks; the last chunk's meta_info is complete."""
         text, meta = self.generate(ctx, params)
         yield text, meta
 
-    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, MetaInfo]]:
         """`params.n` samples of the gen, as (text, meta_info) pairs. This default asks for them one request
         each; backends whose API samples n at once override it."""
         one = dataclasses.replace(params, n=None)
         return [self.generate(ctx, one) for _ in range(params.n or 1)]
 
     def generate_tool_call(self, ctx: GenContext, params: GenParams,
-                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], MetaInfo]:
         """A chat model's reply to a gen with tools: (its text content, its tool calls in OpenAI's shape,
         meta_info). Completion-style backends need not implement it: the interpreter decodes calls through
         generate() with the tools' schemas."""

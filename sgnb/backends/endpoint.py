@@ -28,6 +28,7 @@ from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.backends.runtime import with_global_sampling
 from sgnb.chat_template import NAMED, ChatTemplate, derive_from_jinja, named_template, template_for_model_name
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.engine.scoring import start_len
 from sgnb.media import DEFAULT_NUM_FRAMES, IMAGE_MARKER, Media, data_url
 from sgnb.sampling import REPORTING, GenParams
@@ -159,11 +160,11 @@ class RuntimeEndpoint(Backend):
                 data[key] = value
         return {**data, **_media_fields(ctx.images)}
 
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         out = self._generate(self._payload(ctx, params), ctx.rid)
         return out["text"], out["meta_info"]
 
-    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, MetaInfo]]:
         out = self._generate(self._payload(ctx, params), ctx.rid)  # n > 1: the server answers a list
         return [(o["text"], o["meta_info"]) for o in (out if isinstance(out, list) else [out])]
 
@@ -176,7 +177,7 @@ class RuntimeEndpoint(Backend):
         except (BackendError, ValueError, AttributeError):
             return False
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         """Yields the new text per SSE chunk with the gen's meta_info so far (its output logprobs all of them,
         whether the server sends the text and logprobs so far, SGLang's default, or only the new ones)."""
         payload = {**self._payload(ctx, params), "stream": True}
@@ -195,7 +196,7 @@ class RuntimeEndpoint(Backend):
                 chunk = json.loads(body)
                 if "error" in chunk:
                     raise BackendError(f"stream from {self.base_url} failed: {_message_of(chunk)}")
-                meta = chunk.get("meta_info", {})
+                meta: MetaInfo = chunk.get("meta_info", {})
                 text = chunk.get("text", "")
                 if meta.get("finish_reason") is not None:
                     finished = True
@@ -204,7 +205,8 @@ class RuntimeEndpoint(Backend):
                     for key in ("output_token_logprobs", "output_top_logprobs"):
                         if meta.get(key) is not None:
                             seen[key] = seen.get(key, []) + list(meta[key])
-                            meta = {**meta, key: seen[key]}
+                            meta = {**meta}  # a new dict: the chunk's stays as it came
+                            meta[key] = seen[key]
                     if text or finished:
                         yield text, meta
                     continue
@@ -306,8 +308,8 @@ def _error_message(res: requests.Response) -> str:
 def _raise_if_failed(out: dict[str, Any], new_text: str | None = None) -> None:
     """RequestAborted when the request was aborted, with the text the caller has not seen (`new_text`; by
     default the whole output)."""
-    meta = out.get("meta_info") or {}
-    reason = meta.get("finish_reason") or {}
+    meta: MetaInfo = out.get("meta_info") or MetaInfo()
+    reason: FinishReason = meta.get("finish_reason") or {}
     if isinstance(reason, dict) and reason.get("type") == "abort":
         detail = reason.get("message") or meta.get("error") or "aborted"
         raise RequestAborted(f"request {meta.get('id')} was aborted: {detail}",

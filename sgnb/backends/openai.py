@@ -34,6 +34,7 @@ from sgnb.backends._api_common import Usage, api_errors, check_assistant_turn, c
 from sgnb.backends._select import select_by_logprobs
 from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext
 from sgnb.chat_template import NAMED, ChatTemplate, template_for_model_name
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.engine.scoring import start_len
 from sgnb.media import IMAGE_MARKER, VIDEO_MARKER, Media, data_url, with_media_parts
 from sgnb.sampling import OPENAI_NAMES, OPENAI_STANDARD, SAMPLING_DEFAULTS, SAMPLING_FIELDS, GenParams
@@ -211,7 +212,7 @@ class OpenAI(Backend):
         return messages
 
     # ---- generate ----------------------------------------------------------------------------------------
-    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, dict[str, Any]]:
+    def generate(self, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
         kwargs = self._kwargs(params)
         if self.is_chat_model:
             with self._api_errors("chat completion"):
@@ -227,7 +228,7 @@ class OpenAI(Backend):
         choice = resp.choices[0]
         return choice.text, _meta(resp, choice)
 
-    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, MetaInfo]]:
         """n samples in one call (the API's n): one (text, meta_info) per choice (the token counts in each are
         the call's)."""
         kwargs = self._kwargs(dataclasses.replace(params, n=None))
@@ -243,7 +244,7 @@ class OpenAI(Backend):
         return [(text, _meta(resp, c)) for c, text in sorted(zip(resp.choices, texts), key=lambda ct: ct[0].index)]
 
     def generate_tool_call(self, ctx: GenContext, params: GenParams,
-                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+                           plan: ToolPlan) -> tuple[str, list[dict[str, Any]], MetaInfo]:
         """A chat model is sent the tools and tool_choice (as given) and returns OpenAI's tool_calls."""
         kwargs = self._kwargs(params)
         with self._api_errors("chat completion with tools"):
@@ -256,7 +257,7 @@ class OpenAI(Backend):
                  for c in choice.message.tool_calls or []]
         return choice.message.content or "", calls, _meta(resp, choice)
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         if ctx.num_api_spec_tokens and not self.is_chat_model:
             yield self.generate(ctx, params)
             return
@@ -285,14 +286,14 @@ class OpenAI(Backend):
             finally:
                 stream.close()
         self._count(ctx, usage)
-        meta: dict[str, Any] = {"id": rid, "finish_reason": {"type": finish}}
+        meta: MetaInfo = {"id": rid, "finish_reason": {"type": finish}}
         if usage is not None:
             meta.update(_usage_meta(usage))
         yield "", meta
 
     # ---- speculative API execution -----------------------------------------------------------------------
     def _spec_generate(self, ctx: GenContext, params: GenParams,
-                       kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+                       kwargs: dict[str, Any]) -> tuple[str, MetaInfo]:
         """Serve the gen from the program's kept continuation if the program followed it, else call the API."""
         stops = tuple(params.stop or ())
         max_tokens = params.max_new_tokens if params.max_new_tokens is not None else 16
@@ -325,7 +326,7 @@ class OpenAI(Backend):
         part, finish, after = served
         ctx.program[_SPEC_KEY] = after
         meta = _meta(resp, None)
-        meta.update(finish_reason=finish, speculative="call")
+        meta.update({"finish_reason": finish, "speculative": "call"})
         return part, meta
 
     # ---- select ------------------------------------------------------------------------------------------
@@ -389,7 +390,7 @@ class _Lookahead:
         return _Lookahead(self.end + self.rest[:n], self.rest[n:], offsets, self.complete, self.key, self.rid)
 
     def take(self, stops: tuple[str, ...], max_tokens: int,
-             first: bool) -> tuple[str, dict[str, Any], _Lookahead] | None:
+             first: bool) -> tuple[str, FinishReason, _Lookahead] | None:
         """The gen's text from the start of `rest` (cut at a stop or max_tokens, like the API would) and what is
         left after it; None when the kept text ends before the gen would (then a real call is needed)."""
         text = self.rest
@@ -417,18 +418,18 @@ def _content_part(media: Media) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": data_url(media)}}
 
 
-def _meta(resp: Any, choice: Any) -> dict[str, Any]:
-    finish: dict[str, Any] = {"type": getattr(choice, "finish_reason", None)}
+def _meta(resp: Any, choice: Any) -> MetaInfo:
+    finish: FinishReason = {"type": getattr(choice, "finish_reason", None)}
     matched = getattr(choice, "matched_stop", None)  # SGLang-style servers say which stop string ended it
     if matched is not None:
         finish["matched"] = matched
-    meta: dict[str, Any] = {"id": resp.id, "finish_reason": finish}
+    meta: MetaInfo = {"id": resp.id, "finish_reason": finish}
     if resp.usage is not None:
         meta.update(_usage_meta(resp.usage))
     return meta
 
 
-def _usage_meta(usage: Any) -> dict[str, Any]:
+def _usage_meta(usage: Any) -> MetaInfo:
     """Token counts, with the server's prompt cache hits where it reports them (prompt_tokens_details)."""
     details = getattr(usage, "prompt_tokens_details", None)
     cached = getattr(details, "cached_tokens", None) if details is not None else None

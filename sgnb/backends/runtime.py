@@ -6,10 +6,11 @@ import json
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from sgnb.backends.base import Backend, ChoiceDecision, GenContext, RequestAborted
 from sgnb.chat_template import ChatTemplate, derive_from_jinja
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.media import Media
 from sgnb.sampling import GenParams
 
@@ -146,17 +147,17 @@ class Runtime(Backend):
         _raise_if_aborted(out["meta_info"], out["text"])
         return out["text"], out["meta_info"]
 
-    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, dict[str, Any]]]:
+    def generate_samples(self, ctx: GenContext, params: GenParams) -> list[tuple[str, MetaInfo]]:
         outs = self.engine.generate(**self._request(ctx, params))  # one request: the n samples share the prefix
         outs = outs if isinstance(outs, list) else [outs]
         for out in outs:
             _raise_if_aborted(out["meta_info"], out["text"])
         return [(out["text"], out["meta_info"]) for out in outs]
 
-    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+    def generate_stream(self, ctx: GenContext, params: GenParams) -> Iterator[tuple[str, MetaInfo]]:
         interval = self.stream_interval_s if ctx.stream_interval_s is None else ctx.stream_interval_s
         for chunk in self.engine.generate(**self._request(ctx, params), stream=True, stream_interval_s=interval):
-            meta = chunk["meta_info"]
+            meta: MetaInfo = chunk["meta_info"]
             if "finish_reason" in meta:  # the last chunk: the complete meta_info (output_tokens included)
                 _raise_if_aborted(meta, chunk["text"])
             yield chunk["text"], meta
@@ -165,7 +166,7 @@ class Runtime(Backend):
                choices_method: str) -> ChoiceDecision:
         res = self.engine.score(ctx.text, choices, choices_method, return_text_in_logprobs=True,
                                 **_media_kw(ctx.images))  # SGLang's meta_info: the token texts included
-        meta = {k: v for k, v in res.items() if k not in ("index", "choice")}
+        meta = cast(MetaInfo, {k: v for k, v in res.items() if k not in ("index", "choice")})
         meta["choices"] = list(choices)
         return ChoiceDecision(res["choice"], meta)
 
@@ -208,9 +209,9 @@ def _media_kw(media: list[Media]) -> dict[str, Any]:
     return {**({"image_data": images} if images else {}), **({"video_data": videos} if videos else {})}
 
 
-def _raise_if_aborted(meta: dict[str, Any], text: str) -> None:
+def _raise_if_aborted(meta: MetaInfo, text: str) -> None:
     """RequestAborted (with `text`, what the request generated that the caller has not seen) when it was aborted."""
-    reason = meta.get("finish_reason") or {}
+    reason: FinishReason = meta.get("finish_reason") or {}
     if reason.get("type") == "abort":
         why = reason.get("message") or "aborted"
         raise RequestAborted(f"request {meta.get('id')} was aborted" + ("" if why == "aborted" else f": {why}"),

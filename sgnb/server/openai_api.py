@@ -47,7 +47,7 @@ from sgnb.server.protocol import (
     _validate,
 )
 from sgnb.server.streaming import EventStream, _ClientGone, _merge, _unless_disconnected
-from sgnb.tool_decode import ToolReply, tool_steps
+from sgnb.tool_decode import Decoded, ToolReply, tool_steps
 from sgnb.tools import ToolPlan, call_text, tool_response_text, tool_support, tools_prompt
 
 
@@ -546,7 +546,7 @@ class OpenAIRoutes(_Routes):
         head = "".join(pieces)
         sent = len(head) if step.streamed else 0  # the content the chunks gave
         output_ids = list(final["output_ids"])
-        decoded = (head + final["text"], final["meta_info"])
+        decoded: Decoded = (head + final["text"], final["meta_info"])  # (text, meta_info)
         while True:
             try:
                 step = steps.send(decoded)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.logprobs import chat_logprobs
 from sgnb.sampling import OPENAI_NAMES, SAMPLING_DEFAULTS
 from sgnb.tools import ToolPlan, ToolSpecError, history_tool_calls, tool_plan
@@ -454,20 +455,22 @@ def _batch_kw(prompts: list[Any]) -> dict[str, Any]:
 def _raise_failed(outs: list[dict]) -> None:
     """A request the engine failed on (finish_reason abort with an error) is a 500 for OpenAI clients."""
     for out in outs:
-        error = out["meta_info"].get("error")
+        meta: MetaInfo = out["meta_info"]
+        error = meta.get("error")
         if error:
             raise APIError(500, f"generation failed: {error}", "internal_server_error")
 
 
 def _finish(out: dict) -> dict[str, Any]:
-    reason = out["meta_info"]["finish_reason"] or {}
+    meta: MetaInfo = out["meta_info"]
+    reason: FinishReason = meta["finish_reason"] or {}
     kind = reason.get("type")
     return {"finish_reason": kind, "matched_stop": reason.get("matched") if kind == "stop" else None}
 
 
 def _usage(outs: list[dict], n: int) -> dict[str, Any]:
     """Prompt tokens count once per prompt (the n samples of a prompt share it); completions add up."""
-    metas = [o["meta_info"] for o in outs if o]
+    metas: list[MetaInfo] = [o["meta_info"] for o in outs if o]
     firsts = [m for k, m in enumerate(metas) if k % n == 0]
     prompt = sum(m["prompt_tokens"] for m in firsts)
     completion = sum(m["completion_tokens"] for m in metas)
@@ -478,7 +481,7 @@ def _usage(outs: list[dict], n: int) -> dict[str, Any]:
 def _completion_logprobs(out: dict, echo: bool) -> dict[str, Any]:
     """The legacy completions format: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset.
     With echo the prompt's tokens come first (the first has no logprob)."""
-    meta = out["meta_info"]
+    meta: MetaInfo = out["meta_info"]
     inputs = list(meta.get("input_token_logprobs") or []) if echo else []
     outputs = list(meta.get("output_token_logprobs") or [])
     tops = ((list(meta.get("input_top_logprobs") or [None] * len(inputs)) if echo else [])

@@ -21,6 +21,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.reasoning import ReasoningFormat, ReasoningStream, split_reasoning
 from sgnb.server.media import _Media
 from sgnb.server.openai_api import OpenAIRoutes, _ChatJob
@@ -313,7 +314,8 @@ def _response_object(req: ResponsesRequest, job: _ChatJob, output: list[dict], f
     """The Response object: in progress (no final chunk yet), completed, or incomplete when max_output_tokens
     ended the reply."""
     final = final or {}
-    reason = (final["meta_info"].get("finish_reason") or {}) if final else {}
+    meta: MetaInfo = final["meta_info"] if final else {}
+    reason: FinishReason = meta.get("finish_reason") or {}
     cut = reason.get("type") == "length" and not final.get("tool_calls")
     usage = None
     if final:
