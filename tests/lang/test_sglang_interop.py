@@ -286,9 +286,11 @@ NOT_HERE = {
     "test_chat_completion_speculative": "an OpenAI chat-model program (speculative API execution)",
     "test_gen_min_new_tokens": "loads the tokenizer with sglang.srt's HF utilities (transformers, torchvision)",
 }
-# what a 135M model does not know: their answer checks fail on it (an AssertionError there is an expected miss)
+# what a 135M model does not know: their answer checks fail on it (an AssertionError there is an expected miss, once
+# the states it made pass KNOWLEDGE_FREE's checks)
 KNOWLEDGE = ("test_few_shot_qa", "test_decode_int", "test_react")
-# programs whose answer check is an argument: run as SGLang's CI runs select, without it
+# programs whose answer check is an argument: run as SGLang's CI runs select, without it (KNOWLEDGE_FREE's checks
+# stand in for it)
 NO_ANSWER_CHECK = ("test_select", "test_expert_answer", "test_parallel_encoding")
 # SGLang's frontend reads each stream chunk's meta_info racing its own executor thread (and it slices each chunk's
 # text as if it were the text so far, which garbles it against --incremental-streaming-output, the only mode in
@@ -327,6 +329,174 @@ def _programs_module(frontend, tag: str):
     return module
 
 
+class _Recorder:
+    """`sgl` for a copy of SGLang's test programs: the frontend itself, except that each program its `function`
+    decorator makes records what its run / run_batch return, so the test can check the states afterwards (the
+    shipped functions mostly return nothing). `runs`: (kind, arguments, result) per call, in order."""
+
+    def __init__(self, frontend):
+        self._frontend = frontend
+        self.runs: list[tuple[str, object, object]] = []
+        self.complete = True  # False: the shipped answer check stopped the function (later calls never ran)
+
+    def __getattr__(self, name):
+        return getattr(self._frontend, name)
+
+    def function(self, func=None, **options):
+        if func is None:
+            return lambda f: self.function(f, **options)
+        return _RecordedFunction(self._frontend.function(func, **options), self.runs)
+
+    def states(self, *kinds: str) -> list[tuple[dict, object]]:
+        """(arguments, state) of every recorded run, after checking the calls were `kinds` (a non-empty prefix of
+        them when the function stopped early), that each run_batch returned one state per argument set and that
+        no state failed."""
+        got = [kind for kind, _, _ in self.runs]
+        assert got == list(kinds) if self.complete else got and got == list(kinds[:len(got)]), got
+        pairs = []
+        for kind, arguments, result in self.runs:
+            if kind == "run_batch":
+                assert len(result) == len(arguments), (len(result), len(arguments))
+                pairs += zip(arguments, result)
+            else:
+                pairs.append((arguments, result))
+        for _, state in pairs:
+            assert state.error() is None, state.error()
+        return pairs
+
+
+class _RecordedFunction:
+    def __init__(self, fn, runs: list):
+        self._fn, self._runs = fn, runs
+
+    def __getattr__(self, name):
+        return getattr(self._fn, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+    def run(self, *args, **kwargs):
+        state = self._fn.run(*args, **kwargs)
+        self._runs.append(("run", kwargs, state))
+        return state
+
+    def run_batch(self, batch_kwargs, *args, **kwargs):
+        states = self._fn.run_batch(batch_kwargs, *args, **kwargs)
+        self._runs.append(("run_batch", batch_kwargs, states))
+        return states
+
+
+# ---- what holds of those programs' states whatever the model knows -----------------------------------------------
+DEFAULT_MAX_TOKENS = 128  # run()'s max_new_tokens, in both frontends: a gen without max_tokens stops there
+
+
+def _tokens(state, name: str, max_tokens: int, stop=()) -> dict:
+    """gen `name`'s meta_info, where the path reports one: it decoded 1..max_tokens tokens, and a stop string that
+    ended it is one of its own. Returns its finish_reason ({} where none)."""
+    meta = (state.get_meta_info(name) if hasattr(state, "get_meta_info") else None) or {}
+    if "completion_tokens" in meta:
+        assert 1 <= meta["completion_tokens"] <= max_tokens, (name, meta["completion_tokens"], max_tokens)
+    reason = meta.get("finish_reason") or {}
+    if reason.get("type") == "stop" and isinstance(reason.get("matched"), str):
+        assert reason["matched"] in stop, (name, reason)
+    return reason
+
+
+def _gen(state, name: str, *, stop: str | list[str] = (), max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
+    """gen `name` is set, a str holding none of its stop strings, within its token budget, and empty only if it
+    stopped (at once, on EOS or a stop string: a 135M model may); returns it."""
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    assert name in state, f"{name} not set"
+    value = state[name]
+    assert isinstance(value, str) and not any(s in value for s in stop), (name, value)
+    reason = _tokens(state, name, max_tokens, stop)
+    assert value or reason.get("type", "stop") == "stop", (name, reason)
+    return value
+
+
+def _gen_int(state, name: str, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
+    """gen_int `name`: an int (sgnb converts it) or a str fullmatching REGEX_INT (SGLang's frontend keeps the text)."""
+    import re
+
+    from sglang.lang.ir import REGEX_INT
+
+    assert name in state, f"{name} not set"
+    value = state[name]
+    if isinstance(value, str):
+        assert re.fullmatch(REGEX_INT, value), (name, value)
+    else:
+        assert type(value) is int, (name, value)
+    _tokens(state, name, max_tokens)
+    return int(value)
+
+
+def _select(state, name: str, choices: list[str]) -> str:
+    """select `name` is one of its choices, and its meta_info (where there is one) scored each choice once."""
+    assert name in state, f"{name} not set"
+    value = state[name]
+    assert value in choices, (name, value, choices)
+    meta = (state.get_meta_info(name) if hasattr(state, "get_meta_info") else None) or {}
+    if "normalized_prompt_logprobs" in meta:
+        assert len(meta["normalized_prompt_logprobs"]) == len(choices), (name, meta["normalized_prompt_logprobs"])
+    return value
+
+
+def _check_few_shot_qa(rec: _Recorder) -> None:
+    for args, st in rec.states("run", "run_batch"):  # one run, then a batch of 3
+        answer = _gen(st, "answer", stop="\n")
+        assert st.text().endswith(f"Q: {args['question']}\nA:{answer}")
+
+
+def _check_select(rec: _Recorder) -> None:
+    for args, st in rec.states("run", "run", "run"):
+        answer = _select(st, "answer", ["True", "False", "Unknown"])
+        assert st.text().endswith(f"Statement: {args['statement']}\nAnswer:{answer}")
+
+
+def _check_decode_int(rec: _Recorder) -> None:
+    import re
+
+    ((_, st),) = rec.states("run")
+    for name, line in (("hours", "The number of hours in a day is "), ("days", "The number of days in a year is ")):
+        value = _gen_int(st, name)
+        written = re.search(re.escape(line) + "([-+]?[0-9]+)", st.text())  # the text holds the value, after its line
+        assert written and int(written[1]) == value, (name, value, st.text())
+
+
+def _check_expert_answer(rec: _Recorder) -> None:
+    ((args, st),) = rec.states("run")
+    expert, answer = _gen(st, "expert", stop=[".", "\n"]), _gen(st, "answer", stop=".")
+    assert st.text() == (f"Question: {args['question']}\nA good person to answer this question is{expert}.\n"
+                         f"For example,{expert} would answer that {answer}.")
+
+
+def _check_react(rec: _Recorder) -> None:
+    ((_, st),) = rec.states("run")
+    actions = []  # action_1.. as far as the program got: Search until a Finish, at most 4 steps
+    while f"action_{len(actions) + 1}" in st:
+        actions.append(_select(st, f"action_{len(actions) + 1}", ["Search", "Finish"]))
+        assert f"\nAction {len(actions)}: {actions[-1]} [" in st.text()
+    assert 1 <= len(actions) <= 4 and set(actions[:-1]) <= {"Search"}, actions
+    if actions[-1] == "Finish":
+        assert st.text().endswith(f" [{_gen(st, 'answer', stop=']')}].\n")
+    else:
+        assert len(actions) == 4 and "answer" not in st
+
+
+def _check_parallel_encoding(rec: _Recorder) -> None:
+    ((args, st),) = rec.states("run")
+    answer = _gen(st, "answer", max_tokens=64)
+    statements = "".join(f"Statement {i}: {args[f'context_{i}']}\n" for i in range(3))  # one per fork, in order
+    assert f"memorize these statements.\n{statements}Now, please answer" in st.text()
+    assert st.text().endswith(f"\nQuestion: {args['question']}\nASSISTANT:{answer}")
+
+
+# per program in KNOWLEDGE and NO_ANSWER_CHECK (whose answer checks say nothing here): its knowledge-free checks
+KNOWLEDGE_FREE = {"test_few_shot_qa": _check_few_shot_qa, "test_select": _check_select,
+                  "test_decode_int": _check_decode_int, "test_expert_answer": _check_expert_answer,
+                  "test_react": _check_react, "test_parallel_encoding": _check_parallel_encoding}
+
+
 @pytest.fixture(scope="module")
 def sglang_programs():
     import sgnb
@@ -354,6 +524,8 @@ def test_sglangs_test_program(name, path, sglang_programs, request):
                    else sgnb.RuntimeEndpoint(request.getfixturevalue("server").url))
     before = frontend.global_config.default_backend
     frontend.set_default_backend(backend)
+    module.sgl = rec = _Recorder(frontend)  # records each program's states for KNOWLEDGE_FREE's checks
+    check = KNOWLEDGE_FREE.get(name, lambda rec: None)
     try:
         getattr(module, name)(**({"check_answer": False} if name in NO_ANSWER_CHECK else {}))
     except ValueError as e:  # json.JSONDecodeError
@@ -362,9 +534,13 @@ def test_sglangs_test_program(name, path, sglang_programs, request):
         raise
     except AssertionError as e:
         if name in KNOWLEDGE:
+            rec.complete = False
+            check(rec)  # what it ran must hold, whatever the model knows: only then is the miss a knowledge one
             pytest.xfail(f"a knowledge miss on a 135M model: {str(e)[:120]}")
         if path == "sglang-endpoint" and name in RACY_ON_SGLANG:
             pytest.xfail("SGLang's frontend raced on a stream chunk's meta_info")
         raise
     finally:
         frontend.global_config.default_backend = before
+        module.sgl = frontend
+    check(rec)
