@@ -537,21 +537,25 @@ class Engine:
         # steps that pass while the consumer is away (or waits out `interval`) come as one chunk.
         updated, finished = threading.Event(), threading.Event()
 
-        def on_update(r: Req) -> None:
-            updated.set()
+        def on_update(r: Req) -> None:  # on the scheduler thread, at every step of every streamed request
             if r.finished:
                 finished.set()
+                updated.set()
+            elif not updated.is_set():  # a flag read; Event.set takes a lock and may wake the consumer
+                updated.set()
 
         req.on_update = on_update
         self.scheduler.submit(req)
-        sent, last = 0, 0.0
+        sent, last = 0, None
         try:
             while True:
+                if interval > 0 and last is not None:
+                    # after a chunk: sleep out the interval, woken only by the end (an update of a waiting
+                    # consumer would make the scheduler thread wake this one at every step)
+                    finished.wait(last + interval - time.monotonic())
                 if not updated.wait(0.1):
                     self._check_open(workers=False)
                     continue
-                if interval > 0:  # wait out the interval, unless the request ends meanwhile
-                    finished.wait(last + interval - time.monotonic())
                 updated.clear()  # before reading: an update after the read flags again
                 chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
                 if chunk is not None:
@@ -681,8 +685,13 @@ class Engine:
     async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
         chunks: asyncio.Queue = asyncio.Queue()
 
-        def wake(r: Req) -> None:  # a wake-up: read req
-            loop.call_soon_threadsafe(chunks.put_nowait, None)
+        woken = False  # a wake-up is queued and the consumer has not read the request since
+
+        def wake(r: Req) -> None:  # a wake-up: read req (one queued at a time: each costs the loop's self-pipe)
+            nonlocal woken
+            if not woken or r.finished:
+                woken = True
+                loop.call_soon_threadsafe(chunks.put_nowait, None)
 
         req.on_update = wake
         self.scheduler.submit(req)
@@ -690,6 +699,7 @@ class Engine:
         try:
             while True:
                 await chunks.get()
+                woken = False  # before reading: an update after the read wakes again
                 chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
                 if chunk is not None:
                     yield chunk
