@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
+from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
@@ -144,16 +144,15 @@ class Engine:
         if self.vision is not None:
             if self.config.tp_size > 1 or self.config.tp_workers:
                 raise ValueError(f"{self.source.name} takes images: multimodal models run at tp_size 1 only")
-            self._check_media_tokens()
-        self._media_processor: Any = None
-        self._media: OrderedDict[int, dict[str, Any]] = OrderedDict()  # pad id -> what views show for it
-        self._media_lock = threading.Lock()
+            check_media_tokens(self.source, self.tokenizer)
         with phase("weights", "loading the weights, allocating the KV cache (and capturing CUDA graphs on a GPU)"):
             self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
         for graphs, what in ((getattr(self.runner, "graphs", None), "decode"),
                              (getattr(self.runner, "extend_graphs", None), "extend")):
             if graphs is not None:  # part of the phase above, said apart
                 self.load_phases[f"{what}_graphs"] = graphs.capture_seconds
+        self._media = RequestMedia(self.source, self.config.max_image_pixels, self.config.max_video_frames,
+                                   min(self.context_length, self.runner.kv_pool.size))
         if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
             self.config = dataclasses.replace(
                 self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
@@ -295,123 +294,9 @@ class Engine:
     def video_token(self) -> str | None:
         return None if self.vision is None else self.vision.video_token
 
-    def _check_media_tokens(self) -> None:
-        """The tokenizer must turn the image (video) token text into the model's image (video) token id; a dummy
-        model's borrowed tokenizer gets them added."""
-        vs = self.vision
-        assert vs is not None  # called for multimodal models only
-        for text, want in ((vs.image_token, vs.image_token_index), (vs.video_token, vs.video_token_index)):
-            if text is None or want is None:
-                continue
-            got = self.tokenizer.token_to_id(text)
-            if got is None and self.source.dummy and self.tokenizer.vocab_size == want:
-                got = self.tokenizer.add_special_token(text)  # the next free id is the model's
-            if got == want:
-                continue
-            if not self.source.dummy:
-                raise ValueError(f"{self.source.name}: the tokenizer maps {text!r} to {got}, the model expects "
-                                 f"token id {want}")
-            # a dummy of a real shape (e.g. llava-1.5-7b, vocab 32064) cannot take SmolLM2's text anyway:
-            # such benchmarks pass input_ids that hold the model's image token id
-            log.info("%s: %r is not a token of the borrowed tokenizer; put id %d in input_ids where an image "
-                     "goes", self.source.name, text, want)
-
     def media_processor(self) -> Any:
         """Image / video loading and preprocessing for this model (made on first use)."""
-        with self._media_lock:
-            if self._media_processor is None:
-                from sgnb.engine.multimodal import MultimodalProcessor
-
-                self._media_processor = MultimodalProcessor(self.source, self.config.max_image_pixels,
-                                                            self.config.max_video_frames)
-            return self._media_processor
-
-    def _media_items(self, image_data: Any, video_data: Any) -> list[Any]:
-        """Load and preprocess one prompt's images and videos (in this thread, not the scheduler's). Errors
-        name the item."""
-        from sgnb.engine.media import media_of, video_args
-
-        images, videos = media_of(image_data, "image"), media_of(video_data, "video")
-        if not images and not videos:
-            return []
-        if self.vision is None:
-            raise ValueError(f"{self.source.name} is a text-only model: it takes no images or videos")
-        proc = self.media_processor()
-        items = []
-        for n, data in enumerate(images):
-            try:
-                items.append(proc.image(data))
-            except ValueError as e:
-                raise ValueError(f"image {n + 1} of {len(images)}: {e}") from None
-        for n, spec in enumerate(videos):
-            if self.vision.video_token is None:
-                raise ValueError(f"{self.source.name} takes images but no videos")
-            path, frames = video_args(spec)
-            self._check_frames(frames, proc)
-            try:
-                items.append(proc.video(path, frames))
-            except ValueError as e:
-                raise ValueError(f"video {n + 1} of {len(videos)}: {e}") from None
-        return items
-
-    def _check_frames(self, frames: Any, proc: Any) -> None:
-        """num_frames within max_video_frames and the context, before the video is opened."""
-        if not is_strict_int(frames) or frames < 1:
-            return  # the processor words that error
-        most = self.config.max_video_frames
-        if frames > most:
-            raise ValueError(f"num_frames={frames}: at most {most} frames per video on this engine "
-                             "(max_video_frames; sgnb serve --max-video-frames)")
-        from sgnb.engine.multimodal import video_token_count
-
-        tokens, limit = video_token_count(proc.spec, frames), min(self.context_length, self.runner.kv_pool.size)
-        if tokens >= limit:
-            raise ValueError(f"num_frames={frames}: {tokens} video tokens, more than this engine takes in one prompt "
-                             f"({limit - 1})")
-
-    def _with_media(self, ids: list[int], image_data: Any, video_data: Any,
-                    items: list[Any] | None = None) -> tuple[list[int], list[Any]]:
-        """ids with each image / video token replaced by its pad ids, and where each item sits."""
-        if items is None:
-            items = self._media_items(image_data, video_data)
-        if not items:
-            vs = self.vision
-            if vs is not None and (vs.image_token_index in ids or (vs.video_token_index is not None
-                                                                   and vs.video_token_index in ids)):
-                raise ValueError(f"the prompt holds the image/video token {vs.image_token!r} but no image was "
-                                 "given (image_data= / video_data=, or sgl.image(...) in a program)")
-            return ids, []
-        from sgnb.engine.media import expand, pad_id
-
-        vs = self.vision
-        assert vs is not None  # media were given and checked against the model
-        ids, placements = expand(ids, items, vs.image_token_index, vs.video_token_index, vs.image_token,
-                                 vs.video_token)
-        limit = min(self.context_length, self.runner.kv_pool.size)
-        if len(ids) >= limit:
-            raise ValueError(f"the prompt with its images has {len(ids)} tokens ("
-                             f"{sum(p.item.num_tokens for p in placements)} of them image/video tokens); this "
-                             f"engine takes at most {limit - 1}")
-        with self._media_lock:
-            for p in placements:
-                self._media[pad_id(p.item)] = {"kind": p.item.kind, "hash": p.item.hash[:12],
-                                               "thumbnail": p.item.thumbnail}
-                self._media.move_to_end(pad_id(p.item))
-            while len(self._media) > 4096:
-                self._media.popitem(last=False)
-        return ids, placements
-
-    def _trailing_items(self, ids: list[int], items: list[Any]) -> list[Any]:
-        """The items whose tokens a suffix of the prompt holds (the last ones of each kind): an unconditional
-        scoring context that starts on an image keeps that image."""
-        if self.vision is None:
-            return []
-        vs = self.vision
-        n_img = ids.count(vs.image_token_index)
-        n_vid = ids.count(vs.video_token_index) if vs.video_token_index is not None else 0
-        images = [it for it in items if it.kind == "image"]
-        videos = [it for it in items if it.kind == "video"]
-        return images[len(images) - n_img:] + videos[len(videos) - n_vid:]
+        return self._media.processor()
 
     def _with_defaults(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
         """The request's sampling params with the model's generation_config values where it gives none."""
@@ -433,7 +318,7 @@ class Engine:
                     raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
                 _check_unicode(item.rid, "rid")
             ids, offsets = self._tokens(item.prompt, item.input_ids)
-            ids, placements = self._with_media(ids, item.image_data, item.video_data)
+            ids, placements = self._media.place(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
@@ -752,7 +637,7 @@ class Engine:
 
     def _token_text(self, token: int) -> str:
         if is_pad(token):  # an image's / video's placeholder position
-            return f"[{self._media.get(token, {}).get('kind', 'image')}]"
+            return f"[{(self._media.shown(token) or {}).get('kind', 'image')}]"
         return self.tokenizer.token_text(token)
 
     def key_text(self, ids: list[int]) -> str:
@@ -781,7 +666,7 @@ class Engine:
         for t in ids:
             if is_pad(t):
                 counts[t] = counts.get(t, 0) + 1
-        return [{**self._media.get(t, {"kind": "image", "hash": "", "thumbnail": None}), "tokens": n}
+        return [{**(self._media.shown(t) or {"kind": "image", "hash": "", "thumbnail": None}), "tokens": n}
                 for t, n in counts.items()]
 
     # ---- choice scoring (select) ------------------------------------------------------------------------
@@ -829,8 +714,8 @@ class Engine:
             raise ValueError("select needs a non-empty prefix to score choices against")
         for ids in full:
             self._tokens(None, ids)
-        items = self._media_items(image_data, video_data)  # once for every choice (they share the prefix)
-        expanded = [self._with_media(f, None, None, items=items) for f in full]
+        items = self._media.items(image_data, video_data)  # once for every choice (they share the prefix)
+        expanded = [self._media.place(f, None, None, items=items) for f in full]
         # every image sits in the shared prefix: the prefix's own length with its image tokens
         start = start_len(len(prefix_ids) + len(expanded[0][0]) - len(full[0]))
         reqs, heads = [], []
@@ -847,7 +732,8 @@ class Engine:
             # each choice's entries' tokens alone; one that starts inside an image takes the whole image
             for f, (_, placements), head in zip(full, expanded, heads):
                 alone = f[unexpanded_index(head, [(p.offset, p.item.num_tokens) for p in placements]):]
-                ids_u, placements_u = self._with_media(alone, None, None, items=self._trailing_items(alone, items))
+                ids_u, placements_u = self._media.place(alone, None, None,
+                                                        items=self._media.trailing_items(alone, items))
                 req = Req(uuid.uuid4().hex[:12], ids_u, SamplingParams.from_dict({"max_new_tokens": 0}),
                           return_logprob=True, logprob_start_len=0)
                 req.mm = placements_u
@@ -899,7 +785,7 @@ class Engine:
     def tree_snapshot(self, max_key_tokens: int = 64) -> dict:
         """The live radix tree: {"nodes": [...], "total_tokens", "evictable_tokens", "protected_tokens"}."""
         nodes = self.tree.snapshot(self.key_text, max_key=max_key_tokens)
-        if self._media:
+        if self._media.any_shown:
             for node in nodes:
                 if any(is_pad(t) for t in node["key"]):
                     node["media"] = self.key_media(node["key"])
