@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from sgnb.engine import server_args
+from sgnb.engine import request_output, server_args
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus, wait_slice
 from sgnb.engine.media import is_pad
@@ -45,7 +45,7 @@ from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
-from sgnb.engine.tokenizer import TextOffsets, fit_pieces
+from sgnb.engine.tokenizer import TextOffsets
 
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
 # the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
@@ -397,70 +397,9 @@ class Engine:
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._stream(reqs[0], return_text_in_logprobs, stream_interval_s)
-        outs = self._wait(reqs, return_text_in_logprobs)
+            return request_output.stream(self, reqs[0], return_text_in_logprobs, stream_interval_s)
+        outs = request_output.wait(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
-
-    def _wait(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
-        """Submit the requests and block until all finish; an interrupt aborts them."""
-        done = [threading.Event() for _ in reqs]
-        for req, ev in zip(reqs, done):
-            req.on_update = lambda r, ev=ev: ev.set() if r.finished else None
-        self.scheduler.submit(*reqs)
-        try:
-            for ev in done:
-                while not ev.wait(wait_slice()):
-                    self._check_open(workers=False)
-        except BaseException:
-            for req in reqs:
-                self.scheduler.abort(req.rid)
-            raise
-        return [self._result(r, text_in_logprobs) for r in reqs]
-
-    def _stream(self, req: Req, text_in_logprobs: bool, interval: float = 0.0) -> Iterator[dict]:
-        # The scheduler only flags that the request moved on; each chunk is read from the request itself, so the
-        # steps that pass while the consumer is away (or waits out `interval`) come as one chunk.
-        updated, finished = threading.Event(), threading.Event()
-
-        def on_update(r: Req) -> None:
-            updated.set()
-            if r.finished:
-                finished.set()
-
-        req.on_update = on_update
-        self.scheduler.submit(req)
-        sent, last = 0, 0.0
-        try:
-            while True:
-                if not updated.wait(0.1):
-                    self._check_open(workers=False)
-                    continue
-                if interval > 0:  # wait out the interval, unless the request ends meanwhile
-                    finished.wait(last + interval - time.monotonic())
-                updated.clear()  # before reading: an update after the read flags again
-                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
-                if chunk is not None:
-                    last = time.monotonic()
-                    yield chunk
-                if done:
-                    return
-        finally:
-            if not req.finished:
-                self.scheduler.abort(req.rid)
-
-    def _next_chunk(self, req: Req, sent: int, text_in_logprobs: bool) -> tuple[dict | None, int, bool]:
-        """A stream's next chunk: what `req` wrote past the `sent` characters a stream has given, the new count,
-        and whether it was the last. Text that may still turn out to begin a stop string is held back; a
-        finished request's chunk is its whole result (full meta_info) with the text past `sent`. None when there
-        is nothing new yet."""
-        if req.finished:
-            out = self._result(req, text_in_logprobs)
-            out["text"] = req.text[sent:]
-            return out, len(req.text), True
-        safe = _stream_safe_len(req.text, req.sampling.stop)
-        if safe > sent:
-            return {"text": req.text[sent:safe], "meta_info": self._partial_meta(req, text_in_logprobs)}, safe, False
-        return None, sent, False
 
     async def async_generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
                              input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
@@ -485,8 +424,8 @@ class Engine:
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._astream(reqs[0], return_text_in_logprobs, loop)
-        outs = await self._await(reqs, return_text_in_logprobs)
+            return request_output.stream_async(self, reqs[0], return_text_in_logprobs, loop, 0.0)
+        outs = await request_output.wait_async(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
 
     # ---- grammars: compiled before their requests are submitted, within grammar_compile_timeout
@@ -546,94 +485,9 @@ class Engine:
         finally:
             self._release_grammars(grammars)
 
-    async def _await(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in reqs]
-        for req, fut in zip(reqs, futures):
-            def notify(r: Req, fut: asyncio.Future = fut) -> None:
-                if r.finished:
-                    loop.call_soon_threadsafe(_set_once, fut, r)
-            req.on_update = notify
-        self.scheduler.submit(*reqs)
-        try:
-            done = await asyncio.gather(*futures)
-        except BaseException:
-            for req in reqs:
-                self.scheduler.abort(req.rid)
-            raise
-        return [self._result(r, text_in_logprobs) for r in done]
-
-    async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
-        chunks: asyncio.Queue = asyncio.Queue()
-
-        def wake(r: Req) -> None:  # a wake-up: read req
-            loop.call_soon_threadsafe(chunks.put_nowait, None)
-
-        req.on_update = wake
-        self.scheduler.submit(req)
-        sent = 0
-        try:
-            while True:
-                await chunks.get()
-                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
-                if chunk is not None:
-                    yield chunk
-                if done:
-                    return
-        finally:
-            if not req.finished:
-                self.scheduler.abort(req.rid)
-
     def abort(self, rid: str) -> None:
         """Abort a request by id (queued or running). Its locks and KV slots are released."""
         self.scheduler.abort(rid)
-
-    def _result(self, req: Req, text_in_logprobs: bool) -> dict:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": max(req.cached_tokens, 0),
-            "finish_reason": req.finish_reason,
-            "e2e_latency": (req.finished_time or time.perf_counter()) - req.created,
-        }
-        if req.first_token_time is not None:
-            meta["ttft"] = req.first_token_time - req.created
-        meta["decode_steps"] = req.decode_steps
-        meta["forced_tokens"] = sum(req.forced)
-        if req.grammar is not None:
-            meta["output_forced"] = list(req.forced)
-        # each output token's text as the scheduler detokenized it (joined: the text) and whether jump-forward
-        # appended it; where the cache hit ends in a text prompt's characters: what views show
-        meta["output_tokens"] = list(zip(fit_pieces(req.pieces, len(req.output_ids), req.text), req.forced))
-        if req.prompt_offsets is not None:
-            cached = unexpanded_index(max(req.cached_tokens, 0), [(p.offset, p.item.num_tokens) for p in req.mm])
-            meta["cached_chars"] = req.prompt_offsets.prefix_chars(cached)
-        if req.error is not None:
-            meta["error"] = f"{type(req.error).__name__}: {req.error}"
-        if req.return_logprob:
-            fmt = self._fmt_logprobs
-            meta["input_token_logprobs"] = fmt(req.input_token_logprobs, text_in_logprobs)
-            meta["output_token_logprobs"] = fmt(req.output_token_logprobs, text_in_logprobs)
-            if req.top_logprobs_num:
-                meta["input_top_logprobs"] = [None if t is None else fmt(t, text_in_logprobs)
-                                              for t in req.input_top_logprobs]
-                meta["output_top_logprobs"] = [None if t is None else fmt(t, text_in_logprobs)
-                                               for t in req.output_top_logprobs]
-        return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
-
-    def _partial_meta(self, req: Req, text_in_logprobs: bool) -> dict:
-        """A stream chunk's meta_info (as SGLang's stream chunks carry it): token counts so far, and the output
-        logprobs so far when asked for."""
-        meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(req.origin_input_ids),
-                                "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
-        if req.return_logprob:
-            meta["output_token_logprobs"] = self._fmt_logprobs(list(req.output_token_logprobs), text_in_logprobs)
-            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # as SGLang's chunks
-        return meta
-
-    def _fmt_logprobs(self, items: list[tuple], with_text: bool) -> list[tuple]:
-        return [(lp, tok, self._token_text(tok) if with_text else None) for lp, tok in items]
 
     def _token_text(self, token: int) -> str:
         if is_pad(token):  # an image's / video's placeholder position
@@ -685,7 +539,7 @@ class Engine:
         """
         self._check_open()
         plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
-        outs = self._wait(plan["reqs"], False)
+        outs = request_output.wait(self, plan["reqs"], False)
         return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
 
     async def async_score(self, prefix: str | list[int], choices: list[str],
@@ -695,7 +549,7 @@ class Engine:
         args = (prefix, choices, choices_method, image_data, video_data)
         plan = (await asyncio.to_thread(self._score_plan, *args) if image_data is not None or video_data is not None
                 else self._score_plan(*args))
-        outs = await self._await(plan["reqs"], False)
+        outs = await request_output.wait_async(self, plan["reqs"], False)
         return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
 
     def _score_plan(self, prefix: str | list[int], choices: list[str], method: str, image_data: Any = None,
@@ -946,30 +800,10 @@ def _stop(scheduler: Scheduler, runner: Runner, restore: tuple[float, float] | N
         sys.setswitchinterval(restore[0])
 
 
-def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
-    """How much of `text` can be streamed: hold back an incomplete character and any tail that could still
-    grow into a stop string (which would then be trimmed)."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    for s in stops:
-        for k in range(min(len(s) - 1, end), 0, -1):
-            if text[:end].endswith(s[:k]):
-                end -= k
-                break
-    return max(end, 0)
-
-
-def _set_once(fut: asyncio.Future, value: Any) -> None:
-    """fut's result, unless it has one (on its loop's thread)."""
-    if not fut.done():
-        fut.set_result(value)
-
-
 def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
     """Resolve an asyncio future from any thread (nothing when its loop closed meanwhile)."""
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_set_once, fut, None)
+        loop.call_soon_threadsafe(request_output.set_once, fut, None)
 
 
 def _check_unicode(text: str, name: str) -> None:
