@@ -406,10 +406,11 @@ class Engine:
                              logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | list[str] | None = None, image_data: Any = None,
-                             video_data: Any = None, fit_to_context: bool = True
+                             video_data: Any = None, fit_to_context: bool = True, stream_interval_s: float = 0.0
                              ) -> dict | list[dict] | AsyncIterator[dict]:
-        """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests.
-        fit_to_context=False refuses a max_new_tokens past the context length instead of lowering it."""
+        """Awaitable generate; with stream=True returns an async iterator (`stream_interval_s` as in generate).
+        Cancelling aborts the requests. fit_to_context=False refuses a max_new_tokens past the context length
+        instead of lowering it."""
         self._check_open()
         args = (GenerateInput(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                               top_logprobs_num, rid, image_data, video_data), fit_to_context)
@@ -424,7 +425,7 @@ class Engine:
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return request_output.stream_async(self, reqs[0], return_text_in_logprobs, loop, 0.0)
+            return request_output.stream_async(self, reqs[0], return_text_in_logprobs, loop, stream_interval_s)
         outs = await request_output.wait_async(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
 
