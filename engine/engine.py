@@ -34,7 +34,8 @@ import torch
 
 from sgnb.engine import request_output, server_args
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.events import Event, EventBus, wait_slice
+from sgnb.engine.events import Event, EventBus
+from sgnb.engine.grammar_wait import compiled, compiled_sync, constrained
 from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import generation_defaults, load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
@@ -327,7 +328,7 @@ class Engine:
                 kind, source = constraint_of(sp)  # type: ignore[misc]
                 grammar_key = (kind, source)
                 grammar_future = compiles.get(grammar_key)
-                if grammar_future is None:  # one compile_async (one waiter: _compiled releases it) per grammar
+                if grammar_future is None:  # one compile_async (one waiter: grammar_wait releases it) per grammar
                     check_constraint_size(kind, source, self.config.max_grammar_bytes)
                     backend = self.grammar_backend()
                     backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
@@ -393,7 +394,7 @@ class Engine:
         self._check_open()
         reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, rid, image_data, video_data))
-        self._compiled_sync(reqs)
+        compiled_sync(reqs, self.config.grammar_compile_timeout, self.grammar_backend)
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
@@ -418,9 +419,9 @@ class Engine:
         # server's: a multi-megabyte prompt would stall every other client meanwhile)
         text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))
         off_loop = (image_data is not None or video_data is not None or text_chars > OFF_LOOP_PROMPT_CHARS
-                    or _constrained(sampling_params))  # a grammar's parse: 1 s for a schema nested 200 deep
+                    or constrained(sampling_params))  # a grammar's parse: 1 s for a schema nested 200 deep
         reqs, many = await asyncio.to_thread(self._make_reqs, *args) if off_loop else self._make_reqs(*args)
-        await self._compiled(reqs)
+        await compiled(reqs, self.config.grammar_compile_timeout, self.grammar_backend)
         loop = asyncio.get_running_loop()
         if stream:
             if many:
@@ -428,63 +429,6 @@ class Engine:
             return request_output.stream_async(self, reqs[0], return_text_in_logprobs, loop, stream_interval_s)
         outs = await request_output.wait_async(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
-
-    # ---- grammars: compiled before their requests are submitted, within grammar_compile_timeout
-    def _grammars(self, reqs: list[Req]) -> dict[tuple[str, str], Any]:
-        return {r.grammar_key: r.grammar_future for r in reqs
-                if r.grammar_future is not None and r.grammar_key is not None}
-
-    def _compile_outcome(self, grammars: dict[tuple[str, str], Any]) -> None:
-        """Raise what a compile raised (its ValueError), or the timeout's ValueError for one still running."""
-        for (kind, _), fut in grammars.items():
-            if not fut.done():
-                limit = self.config.grammar_compile_timeout
-                raise ValueError(f"{kind}: the constraint did not compile within {limit:g} s "
-                                 "(grammar_compile_timeout; sgnb serve --grammar-compile-timeout): fewer "
-                                 "properties, patterns or shorter repeats compile faster")
-            fut.result()
-
-    def _release_grammars(self, grammars: dict[tuple[str, str], Any]) -> None:
-        for kind, source in grammars:
-            self.grammar_backend().release(kind, source)
-
-    async def _compiled(self, reqs: list[Req]) -> None:
-        """Wait until the requests' grammars compiled (see _compile_outcome for the errors). However the wait
-        ends, its claim on each compile is released: a compile nobody waits for is dropped before it starts."""
-        grammars = self._grammars(reqs)
-        if not grammars:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-            waits = []
-            for fut in grammars.values():
-                if not fut.done():
-                    woken = loop.create_future()
-                    fut.add_done_callback(lambda f, w=woken: _wake(loop, w))
-                    waits.append(woken)
-            if waits:
-                await asyncio.wait(waits, timeout=self.config.grammar_compile_timeout)
-            self._compile_outcome(grammars)
-        finally:
-            self._release_grammars(grammars)
-
-    def _compiled_sync(self, reqs: list[Req]) -> None:
-        """_compiled for a blocking caller (interruptible)."""
-        grammars = self._grammars(reqs)
-        if not grammars:
-            return
-        import concurrent.futures
-
-        try:
-            deadline = time.monotonic() + self.config.grammar_compile_timeout
-            while time.monotonic() < deadline:
-                _, late = concurrent.futures.wait(list(grammars.values()),
-                                                  timeout=min(wait_slice(), max(deadline - time.monotonic(), 0)))
-                if not late:
-                    break
-            self._compile_outcome(grammars)
-        finally:
-            self._release_grammars(grammars)
 
     def abort(self, rid: str) -> None:
         """Abort a request by id (queued or running). Its locks and KV slots are released."""
@@ -801,12 +745,6 @@ def _stop(scheduler: Scheduler, runner: Runner, restore: tuple[float, float] | N
         sys.setswitchinterval(restore[0])
 
 
-def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
-    """Resolve an asyncio future from any thread (nothing when its loop closed meanwhile)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(request_output.set_once, fut, None)
-
-
 def _check_unicode(text: str, name: str) -> None:
     """ValueError naming `name` when `text` holds a lone UTF-16 surrogate (no tokenizer takes one)."""
     try:
@@ -814,10 +752,3 @@ def _check_unicode(text: str, name: str) -> None:
     except UnicodeEncodeError as e:
         raise ValueError(f"{name}: a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}: text must be "
                          "valid Unicode") from None
-
-
-def _constrained(sampling_params: Any) -> bool:
-    """Whether a generate call's sampling params (a dict or one per prompt) hold a regex / JSON schema / EBNF."""
-    per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
-    return any(isinstance(p, dict) and any(p.get(k) is not None for k in ("regex", "json_schema", "ebnf"))
-               for p in per)
