@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from sgnb.engine import request_output, server_args
+from sgnb.engine import request_output, score_requests, server_args
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
 from sgnb.engine.grammar_wait import compiled, compiled_sync, constrained
@@ -45,7 +45,6 @@ from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
 from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
-from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 from sgnb.engine.tokenizer import TextOffsets
 
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
@@ -483,89 +482,18 @@ class Engine:
         (unconditional_likelihood_normalized): SGLang's meta_info for the method.
         """
         self._check_open()
-        plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
-        outs = request_output.wait(self, plan["reqs"], False)
-        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
+        plan = score_requests.plan(self, prefix, choices, choices_method, image_data, video_data)
+        return plan.result(request_output.wait(self, plan.reqs, False), return_text_in_logprobs, self._token_text)
 
     async def async_score(self, prefix: str | list[int], choices: list[str],
                           choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False,
                           image_data: Any = None, video_data: Any = None) -> dict:
         self._check_open()
         args = (prefix, choices, choices_method, image_data, video_data)
-        plan = (await asyncio.to_thread(self._score_plan, *args) if image_data is not None or video_data is not None
-                else self._score_plan(*args))
-        outs = await request_output.wait_async(self, plan["reqs"], False)
-        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
-
-    def _score_plan(self, prefix: str | list[int], choices: list[str], method: str, image_data: Any = None,
-                    video_data: Any = None) -> dict:
-        """One prompt-logprob request per choice, from SGLang's logprob_start_len (max(prompt_len - 2, 0), image
-        tokens counted), plus, for the unconditional method, one per choice for its entries' tokens alone."""
-        check_choices(choices, method)
-        if isinstance(prefix, str):
-            prefix_ids, text = self.tokenizer.encode(prefix), prefix
-            full = [self.tokenizer.encode(prefix + c) for c in choices]
-        else:
-            prefix_ids = list(prefix)
-            text = self.tokenizer.decode(prefix_ids, False)
-            full = [prefix_ids + self.tokenizer.encode(c) for c in choices]
-        if not prefix_ids:
-            raise ValueError("select needs a non-empty prefix to score choices against")
-        for ids in full:
-            self._tokens(None, ids)
-        items = self._media.items(image_data, video_data)  # once for every choice (they share the prefix)
-        expanded = [self._media.place(f, None, None, items=items) for f in full]
-        # every image sits in the shared prefix: the prefix's own length with its image tokens
-        start = start_len(len(prefix_ids) + len(expanded[0][0]) - len(full[0]))
-        reqs, heads = [], []
-        for choice, (ids, placements) in zip(choices, expanded):
-            if len(ids) <= start + 1:
-                raise ValueError(f"select: the choice {choice!r} leaves no token to score: the prefix and it "
-                                 f"tokenize to {len(ids)} tokens, and scoring starts at token {start + 1}")
-            req = Req(uuid.uuid4().hex[:12], ids, SamplingParams.from_dict({"max_new_tokens": 0}),
-                      return_logprob=True, logprob_start_len=start)
-            req.mm = placements
-            reqs.append(req)
-            heads.append(start + 1 if heals(text, self._token_text(ids[start])) else start)
-        if method == "unconditional_likelihood_normalized":
-            # each choice's entries' tokens alone; one that starts inside an image takes the whole image
-            for f, (_, placements), head in zip(full, expanded, heads):
-                alone = f[unexpanded_index(head, [(p.offset, p.item.num_tokens) for p in placements]):]
-                ids_u, placements_u = self._media.place(alone, None, None,
-                                                        items=self._media.trailing_items(alone, items))
-                req = Req(uuid.uuid4().hex[:12], ids_u, SamplingParams.from_dict({"max_new_tokens": 0}),
-                          return_logprob=True, logprob_start_len=0)
-                req.mm = placements_u
-                reqs.append(req)
-        return {"reqs": reqs, "n": len(choices), "start": start, "prefix_text": text}
-
-    def _score_result(self, plan: dict, outs: list[dict], choices: list[str], method: str, with_text: bool) -> dict:
-        n = plan["n"]
-        for o in outs:
-            if o["meta_info"]["finish_reason"]["type"] == "abort":
-                raise RuntimeError(f"scoring failed: {o['meta_info'].get('error')}")
-        text = self._token_text
-
-        def entries(o: dict, texts: bool) -> list[tuple]:
-            return [(lp, t, text(t) if texts else None) for lp, t, _ in o["meta_info"]["input_token_logprobs"]]
-
-        # the first entry's text decides token healing, whether or not the caller wants the texts
-        rows, normalized = choice_rows(plan["prefix_text"], [entries(o, True) for o in outs[:n]], choices)
-        if not with_text:
-            rows = [[(e[0], e[1], None) for e in row] for row in rows]
-        uncond = None
-        if method == "unconditional_likelihood_normalized":
-            # aligned from the end: a context that starts inside an image holds the whole image
-            uncond = [entries(o, with_text)[-len(row):] for o, row in zip(outs[n:], rows)]
-        index, meta = decide(method, normalized, rows, uncond)
-        return {
-            "index": index,
-            "choice": choices[index],
-            **meta,
-            "output_token_logprobs": [o["meta_info"]["output_token_logprobs"] for o in outs[:n]],
-            "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
-            "prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs),
-        }
+        plan = (await asyncio.to_thread(score_requests.plan, self, *args)
+                if image_data is not None or video_data is not None else score_requests.plan(self, *args))
+        outs = await request_output.wait_async(self, plan.reqs, False)
+        return plan.result(outs, return_text_in_logprobs, self._token_text)
 
     # ---- cache and observability ------------------------------------------------------------------------
     def flush_cache(self, timeout: float | None = None) -> bool:
