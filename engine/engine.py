@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from sgnb.engine import request_output, score_requests, server_args
+from sgnb.engine import request_output, score_requests, server_args, tree_introspection
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.events import Event, EventBus
 from sgnb.engine.grammar_wait import compiled, compiled_sync, constrained
@@ -440,32 +440,11 @@ class Engine:
 
     def key_text(self, ids: list[int]) -> str:
         """A radix key as text: an image's (video's) run of pad ids reads "[image]" ("[video]")."""
-        parts: list[str] = []
-        run: list[int] = []
-        last_pad = None
-        for t in ids:
-            if is_pad(t):
-                if run:
-                    parts.append(self.tokenizer.decode(run, False))
-                    run = []
-                if t != last_pad:
-                    parts.append(self._token_text(t))
-                last_pad = t
-            else:
-                run.append(t)
-                last_pad = None
-        if run:
-            parts.append(self.tokenizer.decode(run, False))
-        return "".join(parts)
+        return tree_introspection.key_text(ids, lambda run: self.tokenizer.decode(run, False), self._token_text)
 
     def key_media(self, ids: list[int]) -> list[dict[str, Any]]:
         """The images / videos a radix key holds: kind, short hash, thumbnail (data: URL), tokens in this key."""
-        counts: dict[int, int] = {}
-        for t in ids:
-            if is_pad(t):
-                counts[t] = counts.get(t, 0) + 1
-        return [{**(self._media.shown(t) or {"kind": "image", "hash": "", "thumbnail": None}), "tokens": n}
-                for t, n in counts.items()]
+        return tree_introspection.key_media(self._media, ids)
 
     # ---- choice scoring (select) ------------------------------------------------------------------------
     def score(self, prefix: str | list[int], choices: list[str],
@@ -511,33 +490,18 @@ class Engine:
 
     def tree_snapshot(self, max_key_tokens: int = 64) -> dict:
         """The live radix tree: {"nodes": [...], "total_tokens", "evictable_tokens", "protected_tokens"}."""
-        nodes = self.tree.snapshot(self.key_text, max_key=max_key_tokens)
-        if self._media.any_shown:
-            for node in nodes:
-                if any(is_pad(t) for t in node["key"]):
-                    node["media"] = self.key_media(node["key"])
-        return {"nodes": nodes, "total_tokens": self.tree.total_size, "evictable_tokens": self.tree.evictable_size,
-                "protected_tokens": self.tree.protected_size}
+        return tree_introspection.snapshot(self.tree, self._media, self.key_text, max_key_tokens)
 
     # the tree node by node, for views (ids as in tree_snapshot and the events); safe from any thread
     def node_key(self, node_id: int) -> list[int] | None:
         """The radix key of tree node `node_id` (token ids; an image is its run of pad ids), or None when the node
         is gone. It is the node's own list: a split replaces it and nothing mutates it, so reading it needs no
         lock; do not modify it."""
-        node = self.tree.nodes.get(node_id)  # one dict read
-        return None if node is None else node.key
+        return tree_introspection.node_key(self.tree, node_id)
 
     def node_path(self, node_id: int) -> list[int] | None:
         """Ids of the nodes from the root (excluded) down to `node_id` (included), or None when it is gone."""
-        with self.tree.lock:
-            node = self.tree.nodes.get(node_id)
-            if node is None:
-                return None
-            path = []
-            while node.parent is not None:
-                path.append(node.id)
-                node = node.parent
-        return path[::-1]
+        return tree_introspection.node_path(self.tree, node_id)
 
     def get_stats(self) -> dict:
         s = self.scheduler
