@@ -40,11 +40,12 @@ from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import generation_defaults, load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.radix_cache import RadixCache
-from sgnb.engine.request import Req, ReqStatus
+from sgnb.engine.request import Req
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
 from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
+from sgnb.engine.stats import engine_stats
 from sgnb.engine.tokenizer import TextOffsets
 
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
@@ -504,69 +505,7 @@ class Engine:
         return tree_introspection.node_path(self.tree, node_id)
 
     def get_stats(self) -> dict:
-        s = self.scheduler
-        c = s.counters
-        now = time.perf_counter()
-        window = [x for x in list(c.recent) if now - x[0] <= 5.0]
-        span = max(now - window[0][0], 1e-3) if window else 1.0
-        pool = self.runner.kv_pool
-        return {
-            "model": self.source.name,
-            "device": self.runner.placement,
-            "attention_backend": self.runner.attention_backend,
-            "cuda_graph": self._graph_stats(),
-            "warmup_seconds": self.warmup_seconds,
-            "memory": getattr(self.runner, "memory", None),
-            "quantization": self.runner.quantization,
-            "tp_size": self.config.tp_size,
-            "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
-            "running": s.count(ReqStatus.RUNNING) + s.count(ReqStatus.EXTENDING),
-            "requests_finished": c.requests_finished,
-            "requests_aborted": c.requests_aborted,
-            "requests_failed": c.requests_failed,
-            "prompt_tokens": c.prompt_tokens,
-            "cached_tokens": c.cached_tokens,
-            "cache_hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "prefill_tokens": c.prefill_tokens,
-            "generated_tokens": c.generated_tokens,
-            "decode_steps": c.decode_steps,
-            "prefill_batches": c.prefill_batches,
-            "retractions": c.retractions,
-            "forward_seconds": c.forward_seconds,
-            "decode_seconds": c.decode_seconds,
-            "cascade_batches": c.cascade_batches,
-            "graphed_forwards": c.graphed_forwards,
-            "eager_forwards": c.eager_forwards,
-            "eager_forward_seconds": c.eager_seconds,
-            "slowest_forwards": [{"seconds": round(t, 4), "forward": d} for t, d in c.slowest],
-            "overlap_schedule": s.overlap,
-            "overlapped_steps": c.overlapped_steps,
-            "mixed_batches": c.mixed_batches,
-            "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
-            "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
-            "kv_total": pool.size,
-            "kv_free": pool.available,
-            "kv_cached": self.tree.total_size,
-            "kv_used": pool.size - pool.available,
-            "kv_evictable": self.tree.evictable_size,
-            "kv_protected": self.tree.protected_size,
-            "radix_host_seconds": self.tree.host_seconds,
-            # the device's computing time (forwards, sampling, prompt logprobs; engine/device_time.py): against
-            # the wall, how much the device waited on the host
-            "device_seconds": s.device_time.collect(),
-            "scheduler_cpu_seconds": c.thread_cpu_seconds,
-            "phase_seconds": dict(c.phases),
-            "new_token_ratio": s.new_token_ratio,
-        }
-
-    def _graph_stats(self) -> dict | None:
-        """The decode graphs' description (batch sizes, capture time, replays), with the extend graphs' under
-        "extend" (None when they are off); None when no graphs run."""
-        graphs = getattr(self.runner, "graphs", None)
-        if graphs is None:
-            return None
-        extend = getattr(self.runner, "extend_graphs", None)
-        return {**graphs.describe(), "extend": extend.describe() if extend is not None else None}
+        return engine_stats(self)
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def shutdown(self) -> None:
