@@ -19,9 +19,7 @@ import importlib.util
 import itertools
 import json
 import logging
-import os
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -39,6 +37,7 @@ from sgnb.engine.grammar_wait import compiled, compiled_sync, constrained
 from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import generation_defaults, load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
+from sgnb.engine.profiling import Profiler
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
@@ -154,6 +153,7 @@ class Engine:
                 self.load_phases[f"{what}_graphs"] = graphs.capture_seconds
         self._media = RequestMedia(self.source, self.config.max_image_pixels, self.config.max_video_frames,
                                    min(self.context_length, self.runner.kv_pool.size))
+        self._profiler = Profiler(self.runner.device.type == "cuda")
         if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
             self.config = dataclasses.replace(
                 self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
@@ -542,25 +542,11 @@ class Engine:
         """Start torch's profiler over the engine's work (CPU ops of every thread; CUDA kernels on a GPU) until
         `stop_profile()`, which writes a Chrome trace into `output_dir` (default: $SGLANG_TORCH_PROFILER_DIR,
         else the temporary directory)."""
-        from torch.profiler import ProfilerActivity, profile
-
-        if getattr(self, "_profiler", None) is not None:
-            raise RuntimeError("a profile is already running: stop_profile() first")
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.runner.device.type == "cuda" else [])
-        self._profiler: Any = profile(activities=activities, with_stack=with_stack, record_shapes=True)
-        self._profile_dir = output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
-        self._profiler.start()
+        self._profiler.start(output_dir, with_stack)
 
     def stop_profile(self) -> str:
         """Stop the profiler `start_profile()` started; returns the path of the Chrome trace it wrote."""
-        profiler, self._profiler = getattr(self, "_profiler", None), None
-        if profiler is None:
-            raise RuntimeError("no profile is running: start_profile() first")
-        profiler.stop()
-        path = Path(self._profile_dir) / f"sgnb-trace-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(path))
-        return str(path)
+        return self._profiler.stop()
 
     def __enter__(self) -> Engine:
         return self
