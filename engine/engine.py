@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.util
-import itertools
 import json
 import logging
 import sys
@@ -55,7 +54,6 @@ OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a w
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
-_STREAM_END = object()
 
 
 class EngineError(RuntimeError):
@@ -178,7 +176,6 @@ class Engine:
             restore = (sys.getswitchinterval(), switch)
             sys.setswitchinterval(switch)
         self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner, restore)
-        self._ids = itertools.count()
         self._closed = False
         self.warmup_seconds = 0.0
         if self.config.warmup or (self.config.warmup is None and self.runner.device.type == "cuda"):
