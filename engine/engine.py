@@ -8,6 +8,10 @@ All public methods are thread-safe; requests run on a background scheduler threa
 asyncio loop (Jupyter's is already running). `async_generate` / `async_score` are awaitable variants.
 Bad input raises (TypeError / ValueError) in the calling thread before any model work. A request that fails
 inside the engine comes back with finish_reason {"type": "abort", "message": ...}; the engine stays usable.
+
+Engine is the API; its parts live beside it: request_media (a request's images and videos), grammar_wait (its
+grammars compiled before it is submitted), request_output (its results, streams and waits), score_requests
+(select's requests), tree_introspection (the radix tree for views), stats (get_stats), profiling.
 """
 
 from __future__ import annotations
