@@ -8,6 +8,10 @@ All public methods are thread-safe; requests run on a background scheduler threa
 asyncio loop (Jupyter's is already running). `async_generate` / `async_score` are awaitable variants.
 Bad input raises (TypeError / ValueError) in the calling thread before any model work. A request that fails
 inside the engine comes back with finish_reason {"type": "abort", "message": ...}; the engine stays usable.
+
+Engine is the API; its parts live beside it: request_media (a request's images and videos), grammar_wait (its
+grammars compiled before it is submitted), request_output (its results, streams and waits), score_requests
+(select's requests), tree_introspection (the radix tree for views), stats (get_stats), profiling.
 """
 
 from __future__ import annotations
@@ -16,36 +20,35 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.util
-import itertools
 import json
 import logging
-import os
 import sys
-import tempfile
 import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sgnb.engine import server_args
+from sgnb.engine import request_output, score_requests, server_args, tree_introspection
 from sgnb.engine.config import EngineConfig
-from sgnb.engine.events import Event, EventBus, wait_slice
+from sgnb.engine.events import Event, EventBus
+from sgnb.engine.grammar_wait import compiled, compiled_sync, constrained
 from sgnb.engine.media import is_pad
 from sgnb.engine.model_loader import generation_defaults, load_tokenizer, resolve_model
 from sgnb.engine.model_runner import Runner, make_runner
+from sgnb.engine.profiling import Profiler
 from sgnb.engine.radix_cache import RadixCache
-from sgnb.engine.request import Req, ReqStatus
+from sgnb.engine.request import Req
 from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
+from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
-from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
-from sgnb.engine.tokenizer import TextOffsets, fit_pieces
+from sgnb.engine.stats import engine_stats
+from sgnb.engine.tokenizer import TextOffsets
 
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
 # the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
@@ -55,7 +58,6 @@ OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a w
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
-_STREAM_END = object()
 
 
 class EngineError(RuntimeError):
@@ -144,16 +146,16 @@ class Engine:
         if self.vision is not None:
             if self.config.tp_size > 1 or self.config.tp_workers:
                 raise ValueError(f"{self.source.name} takes images: multimodal models run at tp_size 1 only")
-            self._check_media_tokens()
-        self._media_processor: Any = None
-        self._media: OrderedDict[int, dict[str, Any]] = OrderedDict()  # pad id -> what views show for it
-        self._media_lock = threading.Lock()
+            check_media_tokens(self.source, self.tokenizer)
         with phase("weights", "loading the weights, allocating the KV cache (and capturing CUDA graphs on a GPU)"):
             self.runner: Runner = make_runner(self.config, self.source)  # tp_size > 1: worker processes
         for graphs, what in ((getattr(self.runner, "graphs", None), "decode"),
                              (getattr(self.runner, "extend_graphs", None), "extend")):
             if graphs is not None:  # part of the phase above, said apart
                 self.load_phases[f"{what}_graphs"] = graphs.capture_seconds
+        self._media = RequestMedia(self.source, self.config.max_image_pixels, self.config.max_video_frames,
+                                   min(self.context_length, self.runner.kv_pool.size))
+        self._profiler = Profiler(self.runner.device.type == "cuda")
         if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
             self.config = dataclasses.replace(
                 self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
@@ -178,7 +180,6 @@ class Engine:
             restore = (sys.getswitchinterval(), switch)
             sys.setswitchinterval(switch)
         self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner, restore)
-        self._ids = itertools.count()
         self._closed = False
         self.warmup_seconds = 0.0
         if self.config.warmup or (self.config.warmup is None and self.runner.device.type == "cuda"):
@@ -295,123 +296,9 @@ class Engine:
     def video_token(self) -> str | None:
         return None if self.vision is None else self.vision.video_token
 
-    def _check_media_tokens(self) -> None:
-        """The tokenizer must turn the image (video) token text into the model's image (video) token id; a dummy
-        model's borrowed tokenizer gets them added."""
-        vs = self.vision
-        assert vs is not None  # called for multimodal models only
-        for text, want in ((vs.image_token, vs.image_token_index), (vs.video_token, vs.video_token_index)):
-            if text is None or want is None:
-                continue
-            got = self.tokenizer.token_to_id(text)
-            if got is None and self.source.dummy and self.tokenizer.vocab_size == want:
-                got = self.tokenizer.add_special_token(text)  # the next free id is the model's
-            if got == want:
-                continue
-            if not self.source.dummy:
-                raise ValueError(f"{self.source.name}: the tokenizer maps {text!r} to {got}, the model expects "
-                                 f"token id {want}")
-            # a dummy of a real shape (e.g. llava-1.5-7b, vocab 32064) cannot take SmolLM2's text anyway:
-            # such benchmarks pass input_ids that hold the model's image token id
-            log.info("%s: %r is not a token of the borrowed tokenizer; put id %d in input_ids where an image "
-                     "goes", self.source.name, text, want)
-
     def media_processor(self) -> Any:
         """Image / video loading and preprocessing for this model (made on first use)."""
-        with self._media_lock:
-            if self._media_processor is None:
-                from sgnb.engine.multimodal import MultimodalProcessor
-
-                self._media_processor = MultimodalProcessor(self.source, self.config.max_image_pixels,
-                                                            self.config.max_video_frames)
-            return self._media_processor
-
-    def _media_items(self, image_data: Any, video_data: Any) -> list[Any]:
-        """Load and preprocess one prompt's images and videos (in this thread, not the scheduler's). Errors
-        name the item."""
-        from sgnb.engine.media import media_of, video_args
-
-        images, videos = media_of(image_data, "image"), media_of(video_data, "video")
-        if not images and not videos:
-            return []
-        if self.vision is None:
-            raise ValueError(f"{self.source.name} is a text-only model: it takes no images or videos")
-        proc = self.media_processor()
-        items = []
-        for n, data in enumerate(images):
-            try:
-                items.append(proc.image(data))
-            except ValueError as e:
-                raise ValueError(f"image {n + 1} of {len(images)}: {e}") from None
-        for n, spec in enumerate(videos):
-            if self.vision.video_token is None:
-                raise ValueError(f"{self.source.name} takes images but no videos")
-            path, frames = video_args(spec)
-            self._check_frames(frames, proc)
-            try:
-                items.append(proc.video(path, frames))
-            except ValueError as e:
-                raise ValueError(f"video {n + 1} of {len(videos)}: {e}") from None
-        return items
-
-    def _check_frames(self, frames: Any, proc: Any) -> None:
-        """num_frames within max_video_frames and the context, before the video is opened."""
-        if not is_strict_int(frames) or frames < 1:
-            return  # the processor words that error
-        most = self.config.max_video_frames
-        if frames > most:
-            raise ValueError(f"num_frames={frames}: at most {most} frames per video on this engine "
-                             "(max_video_frames; sgnb serve --max-video-frames)")
-        from sgnb.engine.multimodal import video_token_count
-
-        tokens, limit = video_token_count(proc.spec, frames), min(self.context_length, self.runner.kv_pool.size)
-        if tokens >= limit:
-            raise ValueError(f"num_frames={frames}: {tokens} video tokens, more than this engine takes in one prompt "
-                             f"({limit - 1})")
-
-    def _with_media(self, ids: list[int], image_data: Any, video_data: Any,
-                    items: list[Any] | None = None) -> tuple[list[int], list[Any]]:
-        """ids with each image / video token replaced by its pad ids, and where each item sits."""
-        if items is None:
-            items = self._media_items(image_data, video_data)
-        if not items:
-            vs = self.vision
-            if vs is not None and (vs.image_token_index in ids or (vs.video_token_index is not None
-                                                                   and vs.video_token_index in ids)):
-                raise ValueError(f"the prompt holds the image/video token {vs.image_token!r} but no image was "
-                                 "given (image_data= / video_data=, or sgl.image(...) in a program)")
-            return ids, []
-        from sgnb.engine.media import expand, pad_id
-
-        vs = self.vision
-        assert vs is not None  # media were given and checked against the model
-        ids, placements = expand(ids, items, vs.image_token_index, vs.video_token_index, vs.image_token,
-                                 vs.video_token)
-        limit = min(self.context_length, self.runner.kv_pool.size)
-        if len(ids) >= limit:
-            raise ValueError(f"the prompt with its images has {len(ids)} tokens ("
-                             f"{sum(p.item.num_tokens for p in placements)} of them image/video tokens); this "
-                             f"engine takes at most {limit - 1}")
-        with self._media_lock:
-            for p in placements:
-                self._media[pad_id(p.item)] = {"kind": p.item.kind, "hash": p.item.hash[:12],
-                                               "thumbnail": p.item.thumbnail}
-                self._media.move_to_end(pad_id(p.item))
-            while len(self._media) > 4096:
-                self._media.popitem(last=False)
-        return ids, placements
-
-    def _trailing_items(self, ids: list[int], items: list[Any]) -> list[Any]:
-        """The items whose tokens a suffix of the prompt holds (the last ones of each kind): an unconditional
-        scoring context that starts on an image keeps that image."""
-        if self.vision is None:
-            return []
-        vs = self.vision
-        n_img = ids.count(vs.image_token_index)
-        n_vid = ids.count(vs.video_token_index) if vs.video_token_index is not None else 0
-        images = [it for it in items if it.kind == "image"]
-        videos = [it for it in items if it.kind == "video"]
-        return images[len(images) - n_img:] + videos[len(videos) - n_vid:]
+        return self._media.processor()
 
     def _with_defaults(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
         """The request's sampling params with the model's generation_config values where it gives none."""
@@ -433,7 +320,7 @@ class Engine:
                     raise TypeError(f"rid must be a str, got {type(item.rid).__name__}")
                 _check_unicode(item.rid, "rid")
             ids, offsets = self._tokens(item.prompt, item.input_ids)
-            ids, placements = self._with_media(ids, item.image_data, item.video_data)
+            ids, placements = self._media.place(ids, item.image_data, item.video_data)
             sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
             grammar_future = grammar_key = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
@@ -442,7 +329,7 @@ class Engine:
                 kind, source = constraint_of(sp)  # type: ignore[misc]
                 grammar_key = (kind, source)
                 grammar_future = compiles.get(grammar_key)
-                if grammar_future is None:  # one compile_async (one waiter: _compiled releases it) per grammar
+                if grammar_future is None:  # one compile_async (one waiter: grammar_wait releases it) per grammar
                     check_constraint_size(kind, source, self.config.max_grammar_bytes)
                     backend = self.grammar_backend()
                     backend.validate(kind, source)  # an invalid constraint fails here, with the parser's message
@@ -508,88 +395,24 @@ class Engine:
         self._check_open()
         reqs, many = self._make_reqs(GenerateInput(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, rid, image_data, video_data))
-        self._compiled_sync(reqs)
+        compiled_sync(reqs, self.config.grammar_compile_timeout, self.grammar_backend)
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._stream(reqs[0], return_text_in_logprobs, stream_interval_s)
-        outs = self._wait(reqs, return_text_in_logprobs)
+            return request_output.stream(self, reqs[0], return_text_in_logprobs, stream_interval_s)
+        outs = request_output.wait(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
-
-    def _wait(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
-        """Submit the requests and block until all finish; an interrupt aborts them."""
-        done = [threading.Event() for _ in reqs]
-        for req, ev in zip(reqs, done):
-            req.on_update = lambda r, ev=ev: ev.set() if r.finished else None
-        self.scheduler.submit(*reqs)
-        try:
-            for ev in done:
-                while not ev.wait(wait_slice()):
-                    self._check_open(workers=False)
-        except BaseException:
-            for req in reqs:
-                self.scheduler.abort(req.rid)
-            raise
-        return [self._result(r, text_in_logprobs) for r in reqs]
-
-    def _stream(self, req: Req, text_in_logprobs: bool, interval: float = 0.0) -> Iterator[dict]:
-        # The scheduler only flags that the request moved on; each chunk is read from the request itself, so the
-        # steps that pass while the consumer is away (or waits out `interval`) come as one chunk.
-        updated, finished = threading.Event(), threading.Event()
-
-        def on_update(r: Req) -> None:  # on the scheduler thread, at every step of every streamed request
-            if r.finished:
-                finished.set()
-                updated.set()
-            elif not updated.is_set():  # a flag read; Event.set takes a lock and may wake the consumer
-                updated.set()
-
-        req.on_update = on_update
-        self.scheduler.submit(req)
-        sent, last = 0, None
-        try:
-            while True:
-                if interval > 0 and last is not None:
-                    # after a chunk: sleep out the interval, woken only by the end (an update of a waiting
-                    # consumer would make the scheduler thread wake this one at every step)
-                    finished.wait(last + interval - time.monotonic())
-                if not updated.wait(0.1):
-                    self._check_open(workers=False)
-                    continue
-                updated.clear()  # before reading: an update after the read flags again
-                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
-                if chunk is not None:
-                    last = time.monotonic()
-                    yield chunk
-                if done:
-                    return
-        finally:
-            if not req.finished:
-                self.scheduler.abort(req.rid)
-
-    def _next_chunk(self, req: Req, sent: int, text_in_logprobs: bool) -> tuple[dict | None, int, bool]:
-        """A stream's next chunk: what `req` wrote past the `sent` characters a stream has given, the new count,
-        and whether it was the last. Text that may still turn out to begin a stop string is held back; a
-        finished request's chunk is its whole result (full meta_info) with the text past `sent`. None when there
-        is nothing new yet."""
-        if req.finished:
-            out = self._result(req, text_in_logprobs)
-            out["text"] = req.text[sent:]
-            return out, len(req.text), True
-        safe = _stream_safe_len(req.text, req.sampling.stop)
-        if safe > sent:
-            return {"text": req.text[sent:safe], "meta_info": self._partial_meta(req, text_in_logprobs)}, safe, False
-        return None, sent, False
 
     async def async_generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
                              input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
                              logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | list[str] | None = None, image_data: Any = None,
-                             video_data: Any = None, fit_to_context: bool = True
+                             video_data: Any = None, fit_to_context: bool = True, stream_interval_s: float = 0.0
                              ) -> dict | list[dict] | AsyncIterator[dict]:
-        """Awaitable generate; with stream=True returns an async iterator. Cancelling aborts the requests.
-        fit_to_context=False refuses a max_new_tokens past the context length instead of lowering it."""
+        """Awaitable generate; with stream=True returns an async iterator (`stream_interval_s` as in generate).
+        Cancelling aborts the requests. fit_to_context=False refuses a max_new_tokens past the context length
+        instead of lowering it."""
         self._check_open()
         args = (GenerateInput(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                               top_logprobs_num, rid, image_data, video_data), fit_to_context)
@@ -597,202 +420,33 @@ class Engine:
         # server's: a multi-megabyte prompt would stall every other client meanwhile)
         text_chars = sum(len(p) for p in ([prompt] if isinstance(prompt, str) else prompt or []) if isinstance(p, str))
         off_loop = (image_data is not None or video_data is not None or text_chars > OFF_LOOP_PROMPT_CHARS
-                    or _constrained(sampling_params))  # a grammar's parse: 1 s for a schema nested 200 deep
+                    or constrained(sampling_params))  # a grammar's parse: 1 s for a schema nested 200 deep
         reqs, many = await asyncio.to_thread(self._make_reqs, *args) if off_loop else self._make_reqs(*args)
-        await self._compiled(reqs)
+        await compiled(reqs, self.config.grammar_compile_timeout, self.grammar_backend)
         loop = asyncio.get_running_loop()
         if stream:
             if many:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._astream(reqs[0], return_text_in_logprobs, loop)
-        outs = await self._await(reqs, return_text_in_logprobs)
+            return request_output.stream_async(self, reqs[0], return_text_in_logprobs, loop, stream_interval_s)
+        outs = await request_output.wait_async(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
-
-    # ---- grammars: compiled before their requests are submitted, within grammar_compile_timeout
-    def _grammars(self, reqs: list[Req]) -> dict[tuple[str, str], Any]:
-        return {r.grammar_key: r.grammar_future for r in reqs
-                if r.grammar_future is not None and r.grammar_key is not None}
-
-    def _compile_outcome(self, grammars: dict[tuple[str, str], Any]) -> None:
-        """Raise what a compile raised (its ValueError), or the timeout's ValueError for one still running."""
-        for (kind, _), fut in grammars.items():
-            if not fut.done():
-                limit = self.config.grammar_compile_timeout
-                raise ValueError(f"{kind}: the constraint did not compile within {limit:g} s "
-                                 "(grammar_compile_timeout; sgnb serve --grammar-compile-timeout): fewer "
-                                 "properties, patterns or shorter repeats compile faster")
-            fut.result()
-
-    def _release_grammars(self, grammars: dict[tuple[str, str], Any]) -> None:
-        for kind, source in grammars:
-            self.grammar_backend().release(kind, source)
-
-    async def _compiled(self, reqs: list[Req]) -> None:
-        """Wait until the requests' grammars compiled (see _compile_outcome for the errors). However the wait
-        ends, its claim on each compile is released: a compile nobody waits for is dropped before it starts."""
-        grammars = self._grammars(reqs)
-        if not grammars:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-            waits = []
-            for fut in grammars.values():
-                if not fut.done():
-                    woken = loop.create_future()
-                    fut.add_done_callback(lambda f, w=woken: _wake(loop, w))
-                    waits.append(woken)
-            if waits:
-                await asyncio.wait(waits, timeout=self.config.grammar_compile_timeout)
-            self._compile_outcome(grammars)
-        finally:
-            self._release_grammars(grammars)
-
-    def _compiled_sync(self, reqs: list[Req]) -> None:
-        """_compiled for a blocking caller (interruptible)."""
-        grammars = self._grammars(reqs)
-        if not grammars:
-            return
-        import concurrent.futures
-
-        try:
-            deadline = time.monotonic() + self.config.grammar_compile_timeout
-            while time.monotonic() < deadline:
-                _, late = concurrent.futures.wait(list(grammars.values()),
-                                                  timeout=min(wait_slice(), max(deadline - time.monotonic(), 0)))
-                if not late:
-                    break
-            self._compile_outcome(grammars)
-        finally:
-            self._release_grammars(grammars)
-
-    async def _await(self, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in reqs]
-        for req, fut in zip(reqs, futures):
-            def notify(r: Req, fut: asyncio.Future = fut) -> None:
-                if r.finished:
-                    loop.call_soon_threadsafe(_set_once, fut, r)
-            req.on_update = notify
-        self.scheduler.submit(*reqs)
-        try:
-            done = await asyncio.gather(*futures)
-        except BaseException:
-            for req in reqs:
-                self.scheduler.abort(req.rid)
-            raise
-        return [self._result(r, text_in_logprobs) for r in done]
-
-    async def _astream(self, req: Req, text_in_logprobs: bool, loop: asyncio.AbstractEventLoop) -> AsyncIterator[dict]:
-        chunks: asyncio.Queue = asyncio.Queue()
-
-        woken = False  # a wake-up is queued and the consumer has not read the request since
-
-        def wake(r: Req) -> None:  # a wake-up: read req (one queued at a time: each costs the loop's self-pipe)
-            nonlocal woken
-            if not woken or r.finished:
-                woken = True
-                loop.call_soon_threadsafe(chunks.put_nowait, None)
-
-        req.on_update = wake
-        self.scheduler.submit(req)
-        sent = 0
-        try:
-            while True:
-                await chunks.get()
-                woken = False  # before reading: an update after the read wakes again
-                chunk, sent, done = self._next_chunk(req, sent, text_in_logprobs)
-                if chunk is not None:
-                    yield chunk
-                if done:
-                    return
-        finally:
-            if not req.finished:
-                self.scheduler.abort(req.rid)
 
     def abort(self, rid: str) -> None:
         """Abort a request by id (queued or running). Its locks and KV slots are released."""
         self.scheduler.abort(rid)
 
-    def _result(self, req: Req, text_in_logprobs: bool) -> dict:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": max(req.cached_tokens, 0),
-            "finish_reason": req.finish_reason,
-            "e2e_latency": (req.finished_time or time.perf_counter()) - req.created,
-        }
-        if req.first_token_time is not None:
-            meta["ttft"] = req.first_token_time - req.created
-        meta["decode_steps"] = req.decode_steps
-        meta["forced_tokens"] = sum(req.forced)
-        if req.grammar is not None:
-            meta["output_forced"] = list(req.forced)
-        # each output token's text as the scheduler detokenized it (joined: the text) and whether jump-forward
-        # appended it; where the cache hit ends in a text prompt's characters: what views show
-        meta["output_tokens"] = list(zip(fit_pieces(req.pieces, len(req.output_ids), req.text), req.forced))
-        if req.prompt_offsets is not None:
-            cached = unexpanded_index(max(req.cached_tokens, 0), [(p.offset, p.item.num_tokens) for p in req.mm])
-            meta["cached_chars"] = req.prompt_offsets.prefix_chars(cached)
-        if req.error is not None:
-            meta["error"] = f"{type(req.error).__name__}: {req.error}"
-        if req.return_logprob:
-            fmt = self._fmt_logprobs
-            meta["input_token_logprobs"] = fmt(req.input_token_logprobs, text_in_logprobs)
-            meta["output_token_logprobs"] = fmt(req.output_token_logprobs, text_in_logprobs)
-            if req.top_logprobs_num:
-                meta["input_top_logprobs"] = [None if t is None else fmt(t, text_in_logprobs)
-                                              for t in req.input_top_logprobs]
-                meta["output_top_logprobs"] = [None if t is None else fmt(t, text_in_logprobs)
-                                               for t in req.output_top_logprobs]
-        return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
-
-    def _partial_meta(self, req: Req, text_in_logprobs: bool) -> dict:
-        """A stream chunk's meta_info (as SGLang's stream chunks carry it): token counts so far, and the output
-        logprobs so far when asked for."""
-        meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(req.origin_input_ids),
-                                "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
-        if req.return_logprob:
-            meta["output_token_logprobs"] = self._fmt_logprobs(list(req.output_token_logprobs), text_in_logprobs)
-            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # as SGLang's chunks
-        return meta
-
-    def _fmt_logprobs(self, items: list[tuple], with_text: bool) -> list[tuple]:
-        return [(lp, tok, self._token_text(tok) if with_text else None) for lp, tok in items]
-
     def _token_text(self, token: int) -> str:
         if is_pad(token):  # an image's / video's placeholder position
-            return f"[{self._media.get(token, {}).get('kind', 'image')}]"
+            return f"[{(self._media.shown(token) or {}).get('kind', 'image')}]"
         return self.tokenizer.token_text(token)
 
     def key_text(self, ids: list[int]) -> str:
         """A radix key as text: an image's (video's) run of pad ids reads "[image]" ("[video]")."""
-        parts: list[str] = []
-        run: list[int] = []
-        last_pad = None
-        for t in ids:
-            if is_pad(t):
-                if run:
-                    parts.append(self.tokenizer.decode(run, False))
-                    run = []
-                if t != last_pad:
-                    parts.append(self._token_text(t))
-                last_pad = t
-            else:
-                run.append(t)
-                last_pad = None
-        if run:
-            parts.append(self.tokenizer.decode(run, False))
-        return "".join(parts)
+        return tree_introspection.key_text(ids, lambda run: self.tokenizer.decode(run, False), self._token_text)
 
     def key_media(self, ids: list[int]) -> list[dict[str, Any]]:
         """The images / videos a radix key holds: kind, short hash, thumbnail (data: URL), tokens in this key."""
-        counts: dict[int, int] = {}
-        for t in ids:
-            if is_pad(t):
-                counts[t] = counts.get(t, 0) + 1
-        return [{**self._media.get(t, {"kind": "image", "hash": "", "thumbnail": None}), "tokens": n}
-                for t, n in counts.items()]
+        return tree_introspection.key_media(self._media, ids)
 
     # ---- choice scoring (select) ------------------------------------------------------------------------
     def score(self, prefix: str | list[int], choices: list[str],
@@ -809,88 +463,18 @@ class Engine:
         (unconditional_likelihood_normalized): SGLang's meta_info for the method.
         """
         self._check_open()
-        plan = self._score_plan(prefix, choices, choices_method, image_data, video_data)
-        outs = self._wait(plan["reqs"], False)
-        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
+        plan = score_requests.plan(self, prefix, choices, choices_method, image_data, video_data)
+        return plan.result(request_output.wait(self, plan.reqs, False), return_text_in_logprobs, self._token_text)
 
     async def async_score(self, prefix: str | list[int], choices: list[str],
                           choices_method: str = "token_length_normalized", return_text_in_logprobs: bool = False,
                           image_data: Any = None, video_data: Any = None) -> dict:
         self._check_open()
         args = (prefix, choices, choices_method, image_data, video_data)
-        plan = (await asyncio.to_thread(self._score_plan, *args) if image_data is not None or video_data is not None
-                else self._score_plan(*args))
-        outs = await self._await(plan["reqs"], False)
-        return self._score_result(plan, outs, choices, choices_method, return_text_in_logprobs)
-
-    def _score_plan(self, prefix: str | list[int], choices: list[str], method: str, image_data: Any = None,
-                    video_data: Any = None) -> dict:
-        """One prompt-logprob request per choice, from SGLang's logprob_start_len (max(prompt_len - 2, 0), image
-        tokens counted), plus, for the unconditional method, one per choice for its entries' tokens alone."""
-        check_choices(choices, method)
-        if isinstance(prefix, str):
-            prefix_ids, text = self.tokenizer.encode(prefix), prefix
-            full = [self.tokenizer.encode(prefix + c) for c in choices]
-        else:
-            prefix_ids = list(prefix)
-            text = self.tokenizer.decode(prefix_ids, False)
-            full = [prefix_ids + self.tokenizer.encode(c) for c in choices]
-        if not prefix_ids:
-            raise ValueError("select needs a non-empty prefix to score choices against")
-        for ids in full:
-            self._tokens(None, ids)
-        items = self._media_items(image_data, video_data)  # once for every choice (they share the prefix)
-        expanded = [self._with_media(f, None, None, items=items) for f in full]
-        # every image sits in the shared prefix: the prefix's own length with its image tokens
-        start = start_len(len(prefix_ids) + len(expanded[0][0]) - len(full[0]))
-        reqs, heads = [], []
-        for choice, (ids, placements) in zip(choices, expanded):
-            if len(ids) <= start + 1:
-                raise ValueError(f"select: the choice {choice!r} leaves no token to score: the prefix and it "
-                                 f"tokenize to {len(ids)} tokens, and scoring starts at token {start + 1}")
-            req = Req(uuid.uuid4().hex[:12], ids, SamplingParams.from_dict({"max_new_tokens": 0}),
-                      return_logprob=True, logprob_start_len=start)
-            req.mm = placements
-            reqs.append(req)
-            heads.append(start + 1 if heals(text, self._token_text(ids[start])) else start)
-        if method == "unconditional_likelihood_normalized":
-            # each choice's entries' tokens alone; one that starts inside an image takes the whole image
-            for f, (_, placements), head in zip(full, expanded, heads):
-                alone = f[unexpanded_index(head, [(p.offset, p.item.num_tokens) for p in placements]):]
-                ids_u, placements_u = self._with_media(alone, None, None, items=self._trailing_items(alone, items))
-                req = Req(uuid.uuid4().hex[:12], ids_u, SamplingParams.from_dict({"max_new_tokens": 0}),
-                          return_logprob=True, logprob_start_len=0)
-                req.mm = placements_u
-                reqs.append(req)
-        return {"reqs": reqs, "n": len(choices), "start": start, "prefix_text": text}
-
-    def _score_result(self, plan: dict, outs: list[dict], choices: list[str], method: str, with_text: bool) -> dict:
-        n = plan["n"]
-        for o in outs:
-            if o["meta_info"]["finish_reason"]["type"] == "abort":
-                raise RuntimeError(f"scoring failed: {o['meta_info'].get('error')}")
-        text = self._token_text
-
-        def entries(o: dict, texts: bool) -> list[tuple]:
-            return [(lp, t, text(t) if texts else None) for lp, t, _ in o["meta_info"]["input_token_logprobs"]]
-
-        # the first entry's text decides token healing, whether or not the caller wants the texts
-        rows, normalized = choice_rows(plan["prefix_text"], [entries(o, True) for o in outs[:n]], choices)
-        if not with_text:
-            rows = [[(e[0], e[1], None) for e in row] for row in rows]
-        uncond = None
-        if method == "unconditional_likelihood_normalized":
-            # aligned from the end: a context that starts inside an image holds the whole image
-            uncond = [entries(o, with_text)[-len(row):] for o, row in zip(outs[n:], rows)]
-        index, meta = decide(method, normalized, rows, uncond)
-        return {
-            "index": index,
-            "choice": choices[index],
-            **meta,
-            "output_token_logprobs": [o["meta_info"]["output_token_logprobs"] for o in outs[:n]],
-            "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
-            "prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs),
-        }
+        plan = (await asyncio.to_thread(score_requests.plan, self, *args)
+                if image_data is not None or video_data is not None else score_requests.plan(self, *args))
+        outs = await request_output.wait_async(self, plan.reqs, False)
+        return plan.result(outs, return_text_in_logprobs, self._token_text)
 
     # ---- cache and observability ------------------------------------------------------------------------
     def flush_cache(self, timeout: float | None = None) -> bool:
@@ -908,98 +492,21 @@ class Engine:
 
     def tree_snapshot(self, max_key_tokens: int = 64) -> dict:
         """The live radix tree: {"nodes": [...], "total_tokens", "evictable_tokens", "protected_tokens"}."""
-        nodes = self.tree.snapshot(self.key_text, max_key=max_key_tokens)
-        if self._media:
-            for node in nodes:
-                if any(is_pad(t) for t in node["key"]):
-                    node["media"] = self.key_media(node["key"])
-        return {"nodes": nodes, "total_tokens": self.tree.total_size, "evictable_tokens": self.tree.evictable_size,
-                "protected_tokens": self.tree.protected_size}
+        return tree_introspection.snapshot(self.tree, self._media, self.key_text, max_key_tokens)
 
     # the tree node by node, for views (ids as in tree_snapshot and the events); safe from any thread
     def node_key(self, node_id: int) -> list[int] | None:
         """The radix key of tree node `node_id` (token ids; an image is its run of pad ids), or None when the node
         is gone. It is the node's own list: a split replaces it and nothing mutates it, so reading it needs no
         lock; do not modify it."""
-        node = self.tree.nodes.get(node_id)  # one dict read
-        return None if node is None else node.key
+        return tree_introspection.node_key(self.tree, node_id)
 
     def node_path(self, node_id: int) -> list[int] | None:
         """Ids of the nodes from the root (excluded) down to `node_id` (included), or None when it is gone."""
-        with self.tree.lock:
-            node = self.tree.nodes.get(node_id)
-            if node is None:
-                return None
-            path = []
-            while node.parent is not None:
-                path.append(node.id)
-                node = node.parent
-        return path[::-1]
+        return tree_introspection.node_path(self.tree, node_id)
 
     def get_stats(self) -> dict:
-        s = self.scheduler
-        c = s.counters
-        now = time.perf_counter()
-        window = [x for x in list(c.recent) if now - x[0] <= 5.0]
-        span = max(now - window[0][0], 1e-3) if window else 1.0
-        pool = self.runner.kv_pool
-        return {
-            "model": self.source.name,
-            "device": self.runner.placement,
-            "attention_backend": self.runner.attention_backend,
-            "cuda_graph": self._graph_stats(),
-            "warmup_seconds": self.warmup_seconds,
-            "memory": getattr(self.runner, "memory", None),
-            "quantization": self.runner.quantization,
-            "tp_size": self.config.tp_size,
-            "waiting": len(s.waiting) + s.count(ReqStatus.CHUNKED),
-            "running": s.count(ReqStatus.RUNNING) + s.count(ReqStatus.EXTENDING),
-            "requests_finished": c.requests_finished,
-            "requests_aborted": c.requests_aborted,
-            "requests_failed": c.requests_failed,
-            "prompt_tokens": c.prompt_tokens,
-            "cached_tokens": c.cached_tokens,
-            "cache_hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "prefill_tokens": c.prefill_tokens,
-            "generated_tokens": c.generated_tokens,
-            "decode_steps": c.decode_steps,
-            "prefill_batches": c.prefill_batches,
-            "retractions": c.retractions,
-            "forward_seconds": c.forward_seconds,
-            "decode_seconds": c.decode_seconds,
-            "cascade_batches": c.cascade_batches,
-            "graphed_forwards": c.graphed_forwards,
-            "eager_forwards": c.eager_forwards,
-            "eager_forward_seconds": c.eager_seconds,
-            "slowest_forwards": [{"seconds": round(t, 4), "forward": d} for t, d in c.slowest],
-            "overlap_schedule": s.overlap,
-            "overlapped_steps": c.overlapped_steps,
-            "mixed_batches": c.mixed_batches,
-            "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
-            "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
-            "kv_total": pool.size,
-            "kv_free": pool.available,
-            "kv_cached": self.tree.total_size,
-            "kv_used": pool.size - pool.available,
-            "kv_evictable": self.tree.evictable_size,
-            "kv_protected": self.tree.protected_size,
-            "radix_host_seconds": self.tree.host_seconds,
-            # the device's computing time (forwards, sampling, prompt logprobs; engine/device_time.py): against
-            # the wall, how much the device waited on the host
-            "device_seconds": s.device_time.collect(),
-            "scheduler_cpu_seconds": c.thread_cpu_seconds,
-            "phase_seconds": dict(c.phases),
-            "new_token_ratio": s.new_token_ratio,
-        }
-
-    def _graph_stats(self) -> dict | None:
-        """The decode graphs' description (batch sizes, capture time, replays), with the extend graphs' under
-        "extend" (None when they are off); None when no graphs run."""
-        graphs = getattr(self.runner, "graphs", None)
-        if graphs is None:
-            return None
-        extend = getattr(self.runner, "extend_graphs", None)
-        return {**graphs.describe(), "extend": extend.describe() if extend is not None else None}
+        return engine_stats(self)
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -1036,25 +543,11 @@ class Engine:
         """Start torch's profiler over the engine's work (CPU ops of every thread; CUDA kernels on a GPU) until
         `stop_profile()`, which writes a Chrome trace into `output_dir` (default: $SGLANG_TORCH_PROFILER_DIR,
         else the temporary directory)."""
-        from torch.profiler import ProfilerActivity, profile
-
-        if getattr(self, "_profiler", None) is not None:
-            raise RuntimeError("a profile is already running: stop_profile() first")
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.runner.device.type == "cuda" else [])
-        self._profiler: Any = profile(activities=activities, with_stack=with_stack, record_shapes=True)
-        self._profile_dir = output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
-        self._profiler.start()
+        self._profiler.start(output_dir, with_stack)
 
     def stop_profile(self) -> str:
         """Stop the profiler `start_profile()` started; returns the path of the Chrome trace it wrote."""
-        profiler, self._profiler = getattr(self, "_profiler", None), None
-        if profiler is None:
-            raise RuntimeError("no profile is running: start_profile() first")
-        profiler.stop()
-        path = Path(self._profile_dir) / f"sgnb-trace-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(path))
-        return str(path)
+        return self._profiler.stop()
 
     def __enter__(self) -> Engine:
         return self
@@ -1070,32 +563,6 @@ def _stop(scheduler: Scheduler, runner: Runner, restore: tuple[float, float] | N
         sys.setswitchinterval(restore[0])
 
 
-def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
-    """How much of `text` can be streamed: hold back an incomplete character and any tail that could still
-    grow into a stop string (which would then be trimmed)."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    for s in stops:
-        for k in range(min(len(s) - 1, end), 0, -1):
-            if text[:end].endswith(s[:k]):
-                end -= k
-                break
-    return max(end, 0)
-
-
-def _set_once(fut: asyncio.Future, value: Any) -> None:
-    """fut's result, unless it has one (on its loop's thread)."""
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
-    """Resolve an asyncio future from any thread (nothing when its loop closed meanwhile)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_set_once, fut, None)
-
-
 def _check_unicode(text: str, name: str) -> None:
     """ValueError naming `name` when `text` holds a lone UTF-16 surrogate (no tokenizer takes one)."""
     try:
@@ -1103,10 +570,3 @@ def _check_unicode(text: str, name: str) -> None:
     except UnicodeEncodeError as e:
         raise ValueError(f"{name}: a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}: text must be "
                          "valid Unicode") from None
-
-
-def _constrained(sampling_params: Any) -> bool:
-    """Whether a generate call's sampling params (a dict or one per prompt) hold a regex / JSON schema / EBNF."""
-    per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
-    return any(isinstance(p, dict) and any(p.get(k) is not None for k in ("regex", "json_schema", "ebnf"))
-               for p in per)

@@ -490,6 +490,27 @@ def test_stream_interval_coalesces_steps_and_ends_at_once(engine):
     chunks = list(engine.generate(PROMPT, {**sp, "max_new_tokens": 4}, stream=True, stream_interval_s=60))
     assert time.monotonic() - t0 < 30 and chunks[-1]["meta_info"]["completion_tokens"] == 4
 
+
+def test_async_stream_interval_coalesces_steps_and_ends_at_once(engine):
+    """async_generate's stream_interval_s as generate's (the one chunk reader both streams share): chunks at most
+    that often, the same text in all, the request's end never held back."""
+    import asyncio
+
+    sp = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(PROMPT, sp)
+
+    async def read(params: dict, interval: float) -> tuple[list[dict], float]:
+        t0 = time.monotonic()
+        stream = await engine.async_generate(PROMPT, params, stream=True, stream_interval_s=interval)
+        return [c async for c in stream], time.monotonic() - t0
+
+    chunks, elapsed = asyncio.run(read(sp, 0.15))
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert (len(chunks) - 2) * 0.15 <= elapsed, (len(chunks), elapsed)  # as in the test above
+    chunks, elapsed = asyncio.run(read({**sp, "max_new_tokens": 4}, 60))
+    assert elapsed < 30 and chunks[-1]["meta_info"]["completion_tokens"] == 4
+
+
 def test_async_generate(engine):
     import asyncio
 
