@@ -218,8 +218,9 @@ class SglFunction:
         `stream`: gens stream to the subscribers and the table (default: when the table is shown), their text in
         pieces at most every `stream_interval_s` seconds (default: the table's refresh, 0.25 s, with the table;
         the backend's pace, 0.05 s in-process, without: 64 programs' threads waking 20 times a second cost a
-        GPU-speed batch ~5% of its throughput, benchmarks/bench_views.py). As in SGLang, each item is a dict of arguments or a list of them by position; with
-        `generator_style=True` the states come one by one, in batch order, as each finishes (a generator)."""
+        GPU-speed batch ~5% of its throughput, benchmarks/bench_views.py). As in SGLang, each item is a dict of
+        arguments or a list of them by position; with `generator_style=True` the states come one by one, in
+        batch order, as each finishes (a generator)."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or of positional argument lists)")
         backend = _resolve_backend(backend)

@@ -3,9 +3,9 @@ progress), fed by the programs' events.
 
 `run_batch` shows one in a notebook (an IPython kernel with a frontend) when the caller passed no subscribers
 of its own, through a `BatchTable`: the table appears once the batch has run `BATCH_INTERVAL` seconds and then
-updates live, or, for a batch that ends sooner, appears once, finished. Like ProgramView's, the callbacks of `subscriber_for(i)` only append to a buffer; a Ticker thread
-folds it into the rows and syncs them at <= 4 Hz, one message per flush; the rows live in synced traits, so a
-saved notebook shows the finished batch. The trait layout is documented in `batch_view.js`.
+updates live, or, for a batch that ends sooner, appears once, finished. Like ProgramView's, the callbacks of
+`subscriber_for(i)` only append to a buffer; a Ticker thread folds it into the rows and syncs them at <= 4 Hz, one
+message per flush; the rows live in synced traits, so a saved notebook shows the finished batch. The trait layout is documented in `batch_view.js`.
 """
 
 from __future__ import annotations
