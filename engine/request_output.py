@@ -221,8 +221,8 @@ async def stream_async(engine: Engine, req: Req, text_in_logprobs: bool, loop: a
         if ended:
             finished.set()
 
-    def on_update(r: Req) -> None:  # on the scheduler thread: one wake-up queued at a time (each writes the
-        nonlocal pending  # loop's self-pipe)
+    def on_update(r: Req) -> None:  # on the scheduler thread: one flag queued at a time (each one queued
+        nonlocal pending  # writes the loop's self-pipe)
         if r.finished:
             loop.call_soon_threadsafe(flag, True)
         elif not pending:
