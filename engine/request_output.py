@@ -16,9 +16,10 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sgnb.engine.events import wait_slice
+from sgnb.engine.meta_info import FinishReason, MetaInfo
 from sgnb.engine.request import Req
 from sgnb.engine.scoring import unexpanded_index
 from sgnb.engine.tokenizer import fit_pieces
@@ -32,12 +33,12 @@ TokenText = Callable[[int], str]
 def result(req: Req, text_in_logprobs: bool, token_text: TokenText) -> dict:
     """A request's output: its text, output ids and meta_info (SGLang's fields and sgnb's `output_tokens`,
     `cached_chars`, `forced_tokens`, ...). Logprob entries are (logprob, token id, its text or None)."""
-    meta: dict[str, Any] = {
+    meta: MetaInfo = {
         "id": req.rid,
         "prompt_tokens": len(req.origin_input_ids),
         "completion_tokens": len(req.output_ids),
         "cached_tokens": max(req.cached_tokens, 0),
-        "finish_reason": req.finish_reason,
+        "finish_reason": cast("FinishReason | None", req.finish_reason),  # (the scheduler writes FinishReason's keys)
         "e2e_latency": (req.finished_time or time.perf_counter()) - req.created,
     }
     if req.first_token_time is not None:
@@ -66,11 +67,11 @@ def result(req: Req, text_in_logprobs: bool, token_text: TokenText) -> dict:
     return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
 
 
-def partial_meta(req: Req, text_in_logprobs: bool, token_text: TokenText) -> dict:
+def partial_meta(req: Req, text_in_logprobs: bool, token_text: TokenText) -> MetaInfo:
     """A stream chunk's meta_info (as SGLang's stream chunks carry it): token counts so far, and the output
     logprobs so far when asked for."""
-    meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(req.origin_input_ids),
-                            "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
+    meta: MetaInfo = {"id": req.rid, "prompt_tokens": len(req.origin_input_ids),
+                      "completion_tokens": len(req.output_ids), "cached_tokens": max(req.cached_tokens, 0)}
     if req.return_logprob:
         meta["output_token_logprobs"] = fmt_logprobs(list(req.output_token_logprobs), text_in_logprobs, token_text)
         meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # as SGLang's chunks
