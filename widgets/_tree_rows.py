@@ -86,9 +86,13 @@ CHAT_MARKER = re.compile(
 _MARKER_STARTS = "".join(sorted({m[0] for m in (*THINK_OPEN, *THINK_CLOSE)} | {"<", "["}))
 
 
+def _may_hold_marker(text: str) -> bool:
+    return any(c in text for c in _MARKER_STARTS)
+
+
 def has_marker(text: str) -> bool:
     """Whether `text` holds a CHAT_MARKER."""
-    return any(c in text for c in _MARKER_STARTS) and CHAT_MARKER.search(text) is not None
+    return _may_hold_marker(text) and CHAT_MARKER.search(text) is not None
 
 
 Label = Callable[[int, int], tuple[str, list[dict[str, Any]]]]  # (node id, tokens) -> (text, media)
@@ -111,7 +115,7 @@ class Node:
 
 def display_label(text: str) -> str:
     """`text` with each chat-template marker replaced by its glyph (see GLYPHS)."""
-    if not any(c in text for c in _MARKER_STARTS):
+    if not _may_hold_marker(text):
         return text
     return CHAT_MARKER.sub(_glyph, text)
 
