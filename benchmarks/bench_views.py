@@ -1,7 +1,7 @@
 """What the live views cost a program: the same work with and without the streaming view, in a real kernel.
 
     python benchmarks/bench_views.py [--model smollm2] [--engine-args JSON] [--rounds 6] [--tokens 128]
-        [--batch 64] [--batch-tokens 16] [--out FILE]   (default: benchmarks/results/DATE-{cpu,gpu}-views.json)
+        [--batch 64] [--batch-tokens 16] [--variants view,table,...] [--out FILE]   (default: benchmarks/results/DATE-{cpu,gpu}-views.json)
 
 At GPU scale: `--model dummy:llama-2-7b-smolvocab --engine-args '{"tokenizer_path": ".gpu/smollm2"}'` (the
 GPU machine needs ipykernel, nbclient and anywidget among the carried wheels: benchmarks/gpu/setup.sh).
@@ -96,17 +96,17 @@ def batch(variant):
     return {batch} / (time.perf_counter() - t0)
 
 for _ in range(2):  # warm-up: every variant, twice (the first GPU rounds still compile kernels for new shapes)
-    for v in ("none", "view"):
+    for v in {single_variants!r}:
         single(v)
-    for v in ("none", "table", "table-nostream", "program-view"):
+    for v in {batch_variants!r}:
         batch(v)
 """
 
 MEASURE = """\
 results = {{"single": {{}}, "batch": {{}}}}
 for r in range({rounds}):
-    for kind, fn, variants in (("single", single, ["none", "view"]),
-                               ("batch", batch, ["none", "table", "table-nostream", "program-view"])):
+    for kind, fn, variants in (("single", single, {single_variants!r}),
+                               ("batch", batch, {batch_variants!r})):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             results[kind].setdefault(v, []).append(fn(v))
@@ -136,13 +136,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batch-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--variants", default="view,table,table-nostream,program-view",
+                    help="the variants measured against none (e.g. `table` alone, to profile it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    chosen = args.variants.split(",")
+    unknown = set(chosen) - {"view", "table", "table-nostream", "program-view"}
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}")
     engine_args = json.loads(args.engine_args)
     if "tokenizer_path" in engine_args:  # the kernel runs in a temporary folder
         engine_args["tokenizer_path"] = str(Path(engine_args["tokenizer_path"]).resolve())
     fmt = {"model": args.model, "engine_args": engine_args, "tokens": args.tokens, "batch": args.batch,
-           "batch_tokens": args.batch_tokens, "rounds": args.rounds}
+           "batch_tokens": args.batch_tokens, "rounds": args.rounds,
+           "single_variants": ["none"] + [v for v in chosen if v == "view"],
+           "batch_variants": ["none"] + [v for v in chosen if v != "view"]}
     nb = new_notebook(cells=[new_code_cell(SETUP.format(**fmt)), new_code_cell(MEASURE.format(**fmt))])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
