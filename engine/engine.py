@@ -58,6 +58,7 @@ OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a w
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
+SamplingLike = dict[str, Any] | SamplingParams  # a request's sampling values: SGLang's dict, or validated
 
 
 class EngineError(RuntimeError):
@@ -300,12 +301,14 @@ class Engine:
         """Image / video loading and preprocessing for this model (made on first use)."""
         return self._media.processor()
 
-    def _with_defaults(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The request's sampling params with the model's generation_config values where it gives none."""
-        if not self.sampling_defaults:
-            return params
-        given = params or {}
-        return {**given, **{k: v for k, v in self.sampling_defaults.items() if given.get(k) is None}}
+    def sampling_params(self, values: dict[str, Any] | None) -> SamplingParams:
+        """A request's sampling values validated (TypeError / ValueError naming the value), with the model's
+        generation_config values where it gives none. generate() takes the result as is: a caller that sends
+        the same values many times (the language's in-process backend) validates them once."""
+        if self.sampling_defaults:
+            given = values or {}
+            values = {**given, **{k: v for k, v in self.sampling_defaults.items() if given.get(k) is None}}
+        return SamplingParams.from_dict(values)
 
     def _make_reqs(self, inp: GenerateInput, fit_to_context: bool = True) -> tuple[list[Req], bool]:
         """Validate everything and build the requests (n > 1 expands in place). Nothing is submitted here.
@@ -321,7 +324,8 @@ class Engine:
                 _check_unicode(item.rid, "rid")
             ids, offsets = self._tokens(item.prompt, item.input_ids)
             ids, placements = self._media.place(ids, item.image_data, item.video_data)
-            sp = SamplingParams.from_dict(self._with_defaults(item.sampling_params))
+            given = item.sampling_params
+            sp = given if isinstance(given, SamplingParams) else self.sampling_params(given)
             grammar_future = grammar_key = None
             if sp.regex is not None or sp.json_schema is not None or sp.ebnf is not None:
                 from sgnb.engine.grammar import constraint_of
@@ -360,7 +364,8 @@ class Engine:
                                  f"{outside[:5]}")
             base = item.rid or uuid.uuid4().hex[:12]
             for j, name in enumerate(sample_rids(base, sp.n)):
-                req = Req(name, ids, dataclasses.replace(sp, n=1), return_logprob=bool(item.return_logprob),
+                req = Req(name, ids, sp if sp.n == 1 else dataclasses.replace(sp, n=1),
+                          return_logprob=bool(item.return_logprob),
                           logprob_start_len=start, top_logprobs_num=top)
                 req.grammar_future, req.grammar_key = grammar_future, grammar_key
                 req.mm, req.prompt_offsets = placements, offsets
@@ -369,7 +374,7 @@ class Engine:
                 reqs.append(req)
         return reqs, inp.batched or len(reqs) > 1
 
-    def generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
+    def generate(self, prompt: Prompt = None, sampling_params: SamplingLike | list[SamplingLike] | None = None,
                  input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
                  logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                  return_text_in_logprobs: bool = False, stream: bool = False,
@@ -388,6 +393,9 @@ class Engine:
         the moment the request ends), so a consumer that shows text need not wake at every decode step.
         Interrupting the wait (KeyboardInterrupt) aborts the requests, which frees their KV and cache locks.
 
+        sampling_params: a dict of SGLang's names (validated here), or a SamplingParams from
+        `engine.sampling_params(...)`, taken as it is (already validated, the model's defaults applied).
+
         Besides SGLang's, a finished request's meta_info holds `output_tokens` (per output token: its text as
         detokenized, the pieces joining to the text, and whether jump-forward forced it) and, for a text prompt,
         `cached_chars` (how many of its characters the `cached_tokens` cover).
@@ -403,7 +411,8 @@ class Engine:
         outs = request_output.wait(self, reqs, return_text_in_logprobs)
         return outs if many else outs[0]
 
-    async def async_generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | None = None,
+    async def async_generate(self, prompt: Prompt = None,
+                             sampling_params: SamplingLike | list[SamplingLike] | None = None,
                              input_ids: InputIds = None, return_logprob: bool | list[bool] = False,
                              logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from sgnb.engine.meta_info import FinishReason
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampler import SampleOutput, sample
 from sgnb.engine.stops import first_stop, has_stop, regex_window_start
@@ -237,7 +238,7 @@ class Finishing:
         req.stop_scan = len(text)
         return False
 
-    def _finish(self: Scheduler, req: Req, reason: dict[str, Any], cache: bool = True) -> None:
+    def _finish(self: Scheduler, req: Req, reason: FinishReason, cache: bool = True) -> None:
         """End the request: release its KV (to the tree when cache), then leave the queues, then tell the
         caller (in that order: an observer never sees an idle engine with this request's locks held)."""
         req.finish_reason = reason
@@ -258,7 +259,8 @@ class Finishing:
             c.requests_aborted += 1
         else:
             c.requests_finished += 1
-        self.events.emit("request", {"rid": req.rid, "state": "finished", "reason": reason["type"],
+        self.events.emit("request", {"rid": req.rid, "state": "finished",
+                                     "reason": cast(str, reason["type"]),  # the engine always names one
                                      "completion_tokens": len(req.output_ids)})
         self._notify(req)
 

@@ -19,15 +19,17 @@ from typing import Any
 from sgnb.engine.events import wait_slice
 from sgnb.engine.request import Req
 from sgnb.engine.request_output import set_once
+from sgnb.engine.sampling_params import SamplingParams
 
 Grammars = dict[tuple[str, str], Any]  # (kind, source) -> its compile's concurrent future
 
 
 def constrained(sampling_params: Any) -> bool:
-    """Whether a generate call's sampling params (a dict or one per prompt) hold a regex / JSON schema / EBNF."""
+    """Whether a generate call's sampling params (a dict or SamplingParams, or one per prompt) hold a regex / JSON schema / EBNF."""
     per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
-    return any(isinstance(p, dict) and any(p.get(k) is not None for k in ("regex", "json_schema", "ebnf"))
-               for p in per)
+    kinds = ("regex", "json_schema", "ebnf")
+    return any(any(p.get(k) is not None for k in kinds) if isinstance(p, dict)
+               else isinstance(p, SamplingParams) and any(getattr(p, k) is not None for k in kinds) for p in per)
 
 
 async def compiled(reqs: list[Req], timeout: float, backend: Callable[[], Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from sgnb.engine.media import Placement
+from sgnb.engine.meta_info import FinishReason
 from sgnb.engine.radix_cache import TreeNode
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.tokenizer import TextOffsets
@@ -64,7 +65,7 @@ class Req:
         # until the end trims it (tokenizer.fit_pieces fits them then)
         self.pieces: list[str] = []
         self.stop_scan = 0  # stop strings were searched in text[:stop_scan] already
-        self.finish_reason: dict[str, Any] | None = None
+        self.finish_reason: FinishReason | None = None
         self.error: BaseException | None = None
         self.input_token_logprobs: list[tuple] = []
         self.input_top_logprobs: list[list[tuple] | None] = []

@@ -20,7 +20,7 @@ class PromptInput:
 
     prompt: str | None
     input_ids: list[int] | None
-    sampling_params: dict | None
+    sampling_params: Any  # a dict (validated by the engine) or a SamplingParams (validated before), or None
     return_logprob: Any
     logprob_start_len: Any
     top_logprobs_num: Any
@@ -35,7 +35,7 @@ class GenerateInput:
 
     prompt: Any = None  # str or list[str]
     input_ids: Any = None  # list[int] or list[list[int]]
-    sampling_params: Any = None  # dict, or one per prompt
+    sampling_params: Any = None  # a dict or SamplingParams, or one per prompt
     return_logprob: Any = False
     logprob_start_len: Any = -1
     top_logprobs_num: Any = 0

@@ -16,10 +16,10 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from sgnb.engine.events import wait_slice
-from sgnb.engine.meta_info import FinishReason, MetaInfo
+from sgnb.engine.meta_info import MetaInfo
 from sgnb.engine.request import Req
 from sgnb.engine.scoring import unexpanded_index
 from sgnb.engine.tokenizer import fit_pieces
@@ -38,7 +38,7 @@ def result(req: Req, text_in_logprobs: bool, token_text: TokenText) -> dict:
         "prompt_tokens": len(req.origin_input_ids),
         "completion_tokens": len(req.output_ids),
         "cached_tokens": max(req.cached_tokens, 0),
-        "finish_reason": cast("FinishReason | None", req.finish_reason),  # (the scheduler writes FinishReason's keys)
+        "finish_reason": req.finish_reason,
         "e2e_latency": (req.finished_time or time.perf_counter()) - req.created,
     }
     if req.first_token_time is not None:

@@ -2,6 +2,11 @@
 default". Validation goes through the engine's SamplingParams, the one definition of sampling values: their
 names, types, defaults and valid ranges.
 
+Where values are checked: each gen()'s and run()'s own values at their line (GenParams.build, so a bad value
+fails where it was written); a gen's values over its program's, together, once, by the backend that sends them
+(the in-process one: `engine.sampling_params`, whose SamplingParams the engine's request keeps as it is). A
+constraint's grammar is parsed once per source (engine/grammar.py's validate_constraint).
+
 The frontends spell a few of those names their own way; each spelling is written once, here, and the call sites
 (gen(), run()/run_batch(), the server's OpenAI routes, the OpenAI and Anthropic backends) derive theirs from it.
 gen()'s and run()'s keyword signatures stay written out for editors and `help()`; tests/lang/test_sampling_names.py

@@ -11,6 +11,7 @@ its last W positions and skips the tiles before its block's first window.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -20,6 +21,8 @@ from sgnb.engine.forward_batch import ForwardBatch, ForwardMode
 from sgnb.kernels.decode_attention import decode_attention, default_num_splits
 from sgnb.kernels.extend_attention import extend_attention
 from sgnb.kernels.merge_state import merge_state
+
+INTERPRETED_PROCESSORS = 4  # what TritonAttention counts for the interpreter (see its _processors)
 
 
 class _SharedPass(NamedTuple):
@@ -32,6 +35,21 @@ class TritonAttention(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True  # decode reads lengths and slots from fb's device tensors only
     supports_extend_graph = True  # extend too, through a block table (fb.blocks)
+
+    @functools.cached_property
+    def _processors(self) -> int:
+        """The programs the device runs at once: a GPU's multiprocessors. Triton's interpreter (CPU tensors under
+        TRITON_INTERPRET=1) runs one program at a time, each a Python loop: split-K gains it nothing and costs a
+        program per split (the CPU suite's decode steps ran 27-32 splits a request), so it counts a few, which
+        still splits the decode of one to three requests (the tests go through the reduce and its lse)."""
+        device = self.kv_cache.k_buffers[0].device
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).multi_processor_count
+        return INTERPRETED_PROCESSORS
+
+    def num_splits(self, batch_size: int) -> int:
+        """Decode's key-range splits per request at this batch size (default_num_splits for this device)."""
+        return default_num_splits(batch_size, self.num_kv_heads, self._processors)
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.shared_len == 0:
@@ -51,14 +69,14 @@ class TritonAttention(AttentionBackend):
             # (B,) first position in the window, a device op: captured with the graph
             start = 0 if window is None else (fb.seq_lens - window).clamp_(min=0)
             return decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, start, fb.seq_lens,
-                                    layer.scale, num_splits=default_num_splits(fb.batch_size, self.num_kv_heads))
+                                    layer.scale, num_splits=self.num_splits(fb.batch_size))
         return extend_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.qo_indptr, 0, fb.seq_lens,
                                 True, layer.scale, fb.max_extend_len, blocks=fb.blocks, window=window)
 
     def attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         k_buf, v_buf = self.kv_cache.k_buffers[layer.layer_id], self.kv_cache.v_buffers[layer.layer_id]
         decode = fb.mode is ForwardMode.DECODE
-        splits = default_num_splits(fb.batch_size, self.num_kv_heads)  # fixed per batch size (CUDA graphs)
+        splits = self.num_splits(fb.batch_size)  # fixed per batch size (CUDA graphs)
         if getattr(layer, "sliding_window", None) is not None:
             return self.attend_direct(q, layer, fb)
         shared: _SharedPass | None = fb.attn_metadata

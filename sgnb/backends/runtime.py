@@ -125,7 +125,10 @@ class Runtime(Backend):
             self.engine.generate(prefix, {"max_new_tokens": 0}, **_media_kw(images or []))
 
     def _request(self, ctx: GenContext, params: GenParams) -> dict[str, Any]:
-        return dict(prompt=ctx.text, sampling_params=with_global_sampling(params.sampling_dict()), rid=ctx.rid,
+        # the gen's values over the program's, checked together (each was checked at its gen() / run() line) into
+        # the SamplingParams the engine's request keeps: the engine does not validate it again
+        sampling = self.engine.sampling_params(with_global_sampling(params.sampling_dict()))
+        return dict(prompt=ctx.text, sampling_params=sampling, rid=ctx.rid,
                     return_logprob=bool(params.return_logprob),
                     logprob_start_len=params.logprob_start_len if params.logprob_start_len is not None else -1,
                     top_logprobs_num=params.top_logprobs_num or 0,

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -189,9 +190,14 @@ def test_generation_config_gives_request_defaults_and_stop_ids(engine):
     reqs, _ = engine._make_reqs(_input([5, 6, 7], {"max_new_tokens": 1, "temperature": 0.0, "top_p": None}))
     sp = reqs[0].sampling
     assert (sp.temperature, sp.top_p, sp.top_k) == (0.0, 0.95, 20)  # the user's value wins; None is unset
+    # validated once: engine.sampling_params applies the same defaults, and a request keeps the object it is given
+    given = engine.sampling_params({"max_new_tokens": 1, "temperature": 0.0})
+    assert (given.temperature, given.top_p, given.top_k) == (0.0, 0.95, 20)
+    reqs, _ = engine._make_reqs(_input([5, 6, 7], given))
+    assert reqs[0].sampling is given
 
 
-def _input(ids: list[int], params: dict):
+def _input(ids: list[int], params: Any):
     from sgnb.engine.request_input import GenerateInput
 
     return GenerateInput(input_ids=ids, sampling_params=params)
