@@ -48,10 +48,13 @@ demo: $(STAMP)
 	# the quickstart notebook, headless: build/quickstart.html (`python -m sgnb.demo --text`: the text demo)
 	$(BIN)/python -m sgnb.demo --notebook notebooks/quickstart.ipynb -o build/quickstart.html
 
+# the suite in TEST_WORKERS pytest-xdist workers: a test file is one unit of work, the browser files one unit
+# together, taken first (tests/conftest.py says why); `pytest FILE` alone runs serially as usual
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(MAKE) typecheck
-	$(BIN)/pytest --durations=15
+	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

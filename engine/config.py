@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
@@ -80,7 +81,9 @@ class EngineConfig:
     # sharing disabled) in the same batch
     in_batch_prefix_threshold: int = 32
     random_seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads on CPU; None -> all cores (split among tp workers)
+    # torch intra-op threads on CPU; None -> OMP_NUM_THREADS where it is set, else the cores this process may run
+    # on (cpu_threads(); split among tp workers)
+    num_threads: int | None = None
     # tensor parallelism: the model runs sharded over tp_size worker processes (one per GPU, or CPU ranks over
     # gloo); the scheduler and radix cache stay in this process. tp_workers=True uses a worker process even at
     # tp_size 1 (the same code path); the default, tp_size 1 without workers, runs the model in this process.
@@ -135,3 +138,17 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option(s) {unknown}; valid options: {sorted(names - {'extra'})}")
         return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def cpu_threads(num_threads: int | None = None) -> int:
+    """The intra-op threads an engine on CPU uses: `num_threads`, else OMP_NUM_THREADS (what the user or a test
+    runner's workers set for the whole process), else the cores this process may run on (its CPU affinity)."""
+    if num_threads:
+        return num_threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -17,14 +17,13 @@ The runner contract the scheduler relies on (`TPModelRunner` in tp_runner.py kee
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 
 from sgnb.engine.attention import make_attention_backend
-from sgnb.engine.config import EngineConfig
+from sgnb.engine.config import EngineConfig, cpu_threads
 from sgnb.engine.cuda_graph import DEFAULT_MAX_BS, DecodeGraphs, ExtendGraphs
 from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
@@ -141,7 +140,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, self.device)
         if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(cpu_threads(config.num_threads))
         mcfg = source.config
         self.model_config = mcfg
         self.context_length = config.context_length or mcfg.max_position_embeddings

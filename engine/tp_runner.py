@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from sgnb.engine.attention import make_attention_backend, resolve_backend_name
-from sgnb.engine.config import EngineConfig
+from sgnb.engine.config import EngineConfig, cpu_threads
 from sgnb.engine.forward_batch import BatchSpec, ForwardBatch
 from sgnb.engine.kv_pool import KVCache, KVPool, ReqToTokenPool
 from sgnb.engine.model_loader import ModelSource
@@ -454,7 +454,7 @@ class _Worker:
             os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast: off
         else:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
-        torch.set_num_threads(max(1, (config.num_threads or os.cpu_count() or 1) // spec.size))  # cores / tp
+        torch.set_num_threads(max(1, cpu_threads(config.num_threads) // spec.size))  # cores / tp
         self.device = device
         self.dtype = resolve_dtype(config.dtype, device)
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)

@@ -11,6 +11,13 @@ from pathlib import Path
 # local cache only; tests/engine/test_hub.py builds its own cache)
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+# `make test` runs the suite in pytest-xdist workers: each gets its share of the cores for torch's threads (read when
+# torch is imported, just below; an engine on CPU takes OMP_NUM_THREADS too), so that one worker's threads never
+# busy-wait on the cores the other works on
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 import pytest
 import torch
 
@@ -24,6 +31,39 @@ pytest_plugins = ["browsers"]  # the browser tests' fixtures: chromium, browser
 # torch references: only CUDA tensors go to Triton.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# the tests that drive JupyterLab / Notebook 7 in chromium: under xdist one unit of work (see pytest_xdist_make_scheduler)
+BROWSER_FILES = frozenset({"tests/labextension/test_panel.py", "tests/labextension/test_saved_views.py",
+                           "tests/notebooks/test_offline_export.py", "tests/widgets/test_program_view_browser.py",
+                           "tests/widgets/test_tree_browser.py", "tests/widgets/test_widgets_browser.py"})
+
+
+def _unit_of_work(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "browser" if path in BROWSER_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `pytest -n 2`: a test file is one unit of work, so its module fixtures (engines, servers, a
+    JupyterLab) are made once, in one worker. The browser files are one unit together: two chromiums with their
+    JupyterLab servers and kernels side by side on two cores stretch each other's waits and main-thread tasks
+    (tests/widgets/test_tree_browser.py asserts no long task over 100 ms). (xdist's own loadgroup cannot say this
+    under pytest 9.2: it renames node ids, which pytest now derives.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit_of_work(nodeid)
+
+    return Scheduler(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker, the browser unit comes first (with --no-loadscope-reorder, xdist hands out the units in
+    collection order), so the other worker takes the rest meanwhile. A plain `pytest` runs as collected."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: _unit_of_work(item.nodeid) != "browser")  # stable: the order within kept
 
 
 @pytest.fixture(autouse=True)
