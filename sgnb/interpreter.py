@@ -10,68 +10,47 @@ PROGRAM_THREADS run nodes at once (`fork(1000)` starts no 1,000 threads: the bra
 each pool thread that waits inside a node on other states (a join, a variable of a fork), so that waiting never
 starves the states it waits for.
 
-Images and videos: `sgl.image(x)` / `sgl.video(path)` append the backend's image (video) token to the text and
-record the item (a `sgnb.media.Media`) in order; every later gen/select of the state, its forks and copies gets
-them. The event is `{"type": "image" | "video", "index": n (0-based over the state's media), "text": the token
-appended, "source": a short label (path, URL or what the value is), "path": the same (older views read it),
-"thumbnail": a PNG data: URL <= 96 px or None (an http(s) URL is not fetched)}`, a video's also with "frames" (a
-few frame thumbnails) and "num_frames". The "text" events plus these tokens make up the state's text.
-
-Tool calls (`gen(tools=...)`, sgnb.tools has the format): on a completion-style backend the interpreter decodes
-them through plain generate calls by sgnb.tool_decode's steps, as `sgnb serve` does ("required": the text gets
-<tool_call>, then one call constrained by the tools' schemas, then </tool_call>; "auto": text that stops where a
-call opens, then the call); a chat backend (`is_chat_model`) is sent the tools and returns OpenAI's tool_calls,
-written into the text in sgnb's format. Either way the message of the open role keeps the text as content minus
-what is not content (tool descriptions, calls), with `tool_calls`; a "tool" message carries the `tool_call_id` it
-answers.
+The class is split by concept, in the style of the engine's Scheduler: this module holds its core (construction,
+submission and the pool, the dispatch table, variables and events, failure and abort, forks, copies and
+continuations, what callers and views read); its node handlers are mixins beside it: `interpreter_gen` (gen,
+streaming, tool calls, select), `interpreter_roles` (roles and their messages, images and videos, var scopes,
+separate_reasoning).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import itertools
-import json
 import logging
-import math
 import queue
-import random
 import threading
-import time
 import types
-import uuid
 import weakref
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from sgnb import ir
-from sgnb.backends.base import Backend, BackendError, ChoiceDecision, GenContext, RequestAborted
+from sgnb.backends.base import Backend
 from sgnb.chat_template import ChatTemplate
 from sgnb.engine.events import wait_slice
 from sgnb.engine.meta_info import MetaInfo, meta_subset
-from sgnb.media import Media, describe, thumbnail, video_frames
+from sgnb.interpreter_gen import DTYPE_REGEX as DTYPE_REGEX  # noqa: F401 (its name here before the split)
+from sgnb.interpreter_gen import GenHandlers
+from sgnb.interpreter_roles import RoleHandlers
+from sgnb.media import Media
 from sgnb.program_events import (
     EndEvent,
     ErrorEvent,
     ForkEvent,
-    GenBeginEvent,
-    GenEndEvent,
-    MediaEvent,
     ProgramBeginEvent,
     ProgramEvent,
-    ReasoningEvent,
-    RoleEvent,
-    SelectEvent,
     Subscriber,
     TextEvent,
     VarEvent,
 )
-from sgnb.reasoning import ReasoningFormat, reasoning_format, split_reasoning
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
-from sgnb.tool_decode import CallStep, decode_tool_call
-from sgnb.tools import ToolPlan, call_text
 from sgnb.user_code import (
     _chain,
     frame_at,
@@ -157,13 +136,6 @@ class _ProgramPool:
 
 _POOL = _ProgramPool(PROGRAM_THREADS)
 
-# typed gens are constrained by a regex (the grammar backend enforces it), written so that a typed gen inside a
-# JSON template stays valid JSON: numbers as JSON writes them (no leading zeros or "+", a digit before the point;
-# SGLang's pattern allowed "0014", which a 135M model wrote in SGLang's test_decode_json), strings of words,
-# digits and spaces in quotes (SGLang's \s also admits newlines and tabs, which a JSON string may not hold raw).
-DTYPE_REGEX = {int: r"-?(0|[1-9][0-9]*)", float: r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?",
-               bool: r"(True|False)", str: r"\"[\w\d ]*\""}
-
 
 class ProgramError(RuntimeError):
     """A program failed; the message names the program line that submitted the failing primitive.
@@ -236,7 +208,7 @@ def _names_set_by(node: ir.Node) -> list[str]:
     return []
 
 
-class StreamExecutor:
+class StreamExecutor(GenHandlers, RoleHandlers):
     def __init__(self, backend: Backend, defaults: GenParams = DEFAULT_PARAMS, *, stream: bool = False,
                  stream_interval_s: float | None = None, use_thread: bool = True, num_api_spec_tokens: int | None = None,
                  chat_template: ChatTemplate | None = None, parent: StreamExecutor | None = None, name: str = "",
@@ -418,7 +390,8 @@ class StreamExecutor:
             log.debug("program %s failed at %s", self.id, self.where_ or node.where, exc_info=True)
             self.fail(e, self.where_ or node.where)
 
-    # ---- node handlers (dispatch table at the end of the class) --------------------------------------
+    # ---- node handlers (dispatch table at the end of the module; gen, select and tools are in interpreter_gen,
+    # roles, media, var scopes and reasoning in interpreter_roles) ---------------------------------------------
     def _execute(self, node: ir.Node) -> None:
         handler = _HANDLERS.get(type(node))
         if handler is None:
@@ -461,206 +434,6 @@ class StreamExecutor:
             event["progress"] = meta_subset(meta, _PROGRESS_KEYS)
         self.emit(event)
 
-    def _context(self) -> GenContext:
-        self.current_rid = f"{self.id}-{uuid.uuid4().hex[:8]}"
-        messages = list(self.messages_)
-        if self.cur_role is not None:  # an open role: its content so far is the last message
-            messages.append(self._role_message())
-        return GenContext(self.text_, messages, self.current_rid, list(self.images_), self.program_scratch,
-                          self.num_api_spec_tokens, self.cur_role, self.stream_interval_s)
-
-    def _gen(self, node: ir.Gen) -> None:
-        params = node.params.merged(self.defaults)
-        if node.dtype is not None:
-            params = dataclasses.replace(params, regex=DTYPE_REGEX[node.dtype])
-        ctx = self._context()
-        begin = len(self.text_)
-        self.emit(GenBeginEvent(program=self.id, parent=self.parent_id, type="gen_begin", var=node.name, rid=ctx.rid,
-                                where=node.where, constraint=params.regex or params.json_schema or params.ebnf,
-                                constraint_name=_schema_title(params.json_schema),
-                                reasoning=self.reasoning_vars.get(node.name) if node.name is not None else None))
-        value: Any
-        try:
-            if node.tools is not None:
-                value, meta = self._gen_tools(node.name, node.tools, params, ctx)
-            elif (params.n or 1) > 1:
-                samples = self.backend.generate_samples(ctx, params)
-                texts, metas = [t for t, _ in samples], [m for _, m in samples]
-                self._append(texts[0], node.name, metas[0])  # the program goes on with the first, as in SGLang
-                value = [_convert(t, node.dtype) for t in texts] if node.dtype is not None else texts
-                meta = {**metas[0], "samples": metas}
-            else:
-                if self.stream:
-                    value, meta = self._gen_stream(node.name, ctx, params)
-                else:
-                    value, meta = self.backend.generate(ctx, params)
-                    self._append(value, node.name, meta)
-                if node.dtype is not None:
-                    value = _convert(value, node.dtype)
-        except RequestAborted as e:
-            if not self.aborted:
-                raise
-            # interrupted: the gen keeps what it wrote (its variable holds the partial text, its meta_info says
-            # it was aborted), and the program stops here
-            self._append(e.text, node.name, e.meta)
-            self._end_gen(node.name, ctx, self.text_[begin:], e.meta)
-            raise
-        self._end_gen(node.name, ctx, value, meta)
-
-    def _end_gen(self, name: str | None, ctx: GenContext, value: Any, meta: MetaInfo) -> None:
-        # prompt_chars: the prompt's length in characters (views place the cached part of the prompt with it)
-        self.emit(GenEndEvent(program=self.id, parent=self.parent_id, type="gen_end", var=name, rid=ctx.rid,
-                              meta_info=_small_meta(meta), prompt_chars=len(ctx.text)))
-        if name is not None:
-            self.meta_info[name] = meta
-            self._set_var(name, value)
-
-    def _gen_stream(self, name: str | None, ctx: GenContext, params: GenParams) -> tuple[str, MetaInfo]:
-        # each piece goes out when the next non-empty one arrives, so the last carries the gen's whole
-        # meta_info even when the stream ends with an empty piece (text_iter's pairs then add up)
-        pieces: list[str] = []
-        meta: MetaInfo = {}
-        held, held_meta = "", meta
-        try:
-            for piece, meta in self.backend.generate_stream(ctx, params):  # noqa: B007 (last meta is kept)
-                pieces.append(piece)
-                if piece and held:
-                    self._append(held, name, held_meta)
-                    held = ""
-                held, held_meta = held + piece, meta
-        except RequestAborted as e:
-            e.text = held + e.text  # what was not appended yet
-            raise
-        self._append(held, name, meta)
-        return "".join(pieces), meta
-
-    def _gen_tools(self, name: str | None, plan: ToolPlan, params: GenParams,
-                   ctx: GenContext) -> tuple[str, MetaInfo]:
-        """A gen that may (or must) call a tool. Returns the text it appended and its meta_info, whose
-        "tool_calls" holds the calls (OpenAI's shape; [] for a text reply or a call cut short by max_tokens)."""
-        begin = len(self.text_)
-        if self.backend.is_chat_model:  # the API decodes the call; its calls go into the text in sgnb's format
-            content, calls, meta = self.backend.generate_tool_call(ctx, params, plan)
-            self._append(content, name, meta)
-            start = len(self.text_)
-            self._append("\n".join(call_text(c["function"]["name"], _arguments(c)) for c in calls), name)
-            if calls:
-                self._hide(start, calls)
-            return self.text_[begin:], {**meta, "tool_calls": calls}
-        sp = dataclasses.asdict(params)
-        # max_new_tokens bounds the whole reply: the call gets what the text left of it
-        sp["max_new_tokens"] = params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens
-        thinking = self._thinks_first(name, ctx)
-        progress: MetaInfo = {}
-
-        def generate(step: CallStep) -> tuple[str, MetaInfo]:
-            nonlocal progress
-            self._append(step.prefix[len(self.text_) - begin:], name, progress or None)
-            # the gen's first request has its context (gen_begin told its rid); a later one continues the text
-            here = ctx if len(self.text_) == begin and self.current_rid == ctx.rid else self._context()
-            text, progress = self.backend.generate(here, _sampling(step.params))
-            return text, progress
-
-        reply = decode_tool_call(plan, sp, generate, thinking.close if thinking is not None else None)
-        self._append(reply.text[len(self.text_) - begin:], name, reply.meta)
-        if reply.call is not None:
-            self._hide(begin + reply.call_start, [reply.call])
-        return self.text_[begin:], {**reply.meta, "tool_calls": [reply.call] if reply.call is not None else []}
-
-    def _thinks_first(self, name: str | None, ctx: GenContext) -> ReasoningFormat | None:
-        """The reasoning format a gen's reply starts with: a separate_reasoning around it, else the backend's
-        reasoning parser; None when neither, or when the prompt closed the block itself (thinking turned off)."""
-        fmt_name = self.reasoning_vars.get(name) if name is not None else None
-        fmt_name = fmt_name or getattr(self.backend, "reasoning_parser", None)
-        if fmt_name is None:
-            return None
-        fmt = reasoning_format(fmt_name)
-        return None if ctx.text.rstrip().endswith(fmt.close) else fmt
-
-    def _hide(self, start: int, calls: list[dict[str, Any]]) -> None:
-        """text_[start:] holds `calls`: it is not the open role's content, and the message carries the calls."""
-        if self.cur_role is not None:
-            self.role_hidden.append((start, len(self.text_)))
-            self.role_calls.extend(calls)
-
-    def _tools(self, node: ir.Tools) -> None:
-        if self.cur_role is None:
-            raise ValueError("tool descriptions go inside a message: system(..., tools=[...])")
-        text = self.chat_template.tools_text(node.plan.tools, node.plan.functions,
-                                             after_content=len(self.text_) > self.cur_role_begin)
-        start = len(self.text_)
-        self._append(text)
-        self.role_hidden.append((start, len(self.text_)))
-
-    def _select(self, node: ir.Select) -> None:
-        ctx = self._context()
-        t0 = time.perf_counter()
-        decision = self.backend.select(ctx, list(node.choices), node.temperature, node.choices_method)
-        if node.temperature > 0:
-            decision = _sample_choice(decision, list(node.choices), node.temperature, node.choices_method)
-        elapsed = time.perf_counter() - t0
-        self._append(decision.decision, node.name)
-        # meta_info: its prompt and cached tokens (summed over the choices' scoring requests), for the metrics
-        self.emit(SelectEvent(program=self.id, parent=self.parent_id, type="select", var=node.name,
-                              choice=decision.decision, choices=list(node.choices),
-                              normalized_prompt_logprobs=decision.meta_info.get("normalized_prompt_logprobs"),
-                              meta_info=_small_meta(decision.meta_info), elapsed=elapsed))
-        if node.name is not None:
-            self.meta_info[node.name] = decision.meta_info
-            self._set_var(node.name, decision.decision)
-
-    def _role_begin(self, node: ir.RoleBegin) -> None:
-        if self.cur_role is not None:
-            raise ValueError(f"role {node.role!r} begins inside the open role {self.cur_role!r}: end it first")
-        tmpl = self.chat_template
-        if (node.role == "user" and tmpl.default_system_prompt and not self.messages_
-                and not self.text_.strip()):
-            self._role_begin(ir.RoleBegin("system"))
-            self._append(tmpl.default_system_prompt)
-            self._role_end(ir.RoleEnd("system"))
-        prefix, _ = tmpl.prefix_and_suffix(node.role)
-        if (node.role == "user" and tmpl.user_prefix_after_system is not None and self.messages_
-                and self.messages_[-1]["role"] == "system"):
-            prefix = tmpl.user_prefix_after_system  # the system content opened this user turn
-        self._append(prefix)
-        self.cur_role, self.cur_role_begin = node.role, len(self.text_)
-        self.role_hidden, self.role_calls, self.role_answers = [], [], None
-        if node.role == "tool":  # the call it answers: the one named, else the next unanswered one
-            answers = node.tool_call_id
-            if answers is None and self.unanswered:
-                answers = self.unanswered[0]
-            if answers in self.unanswered:
-                self.unanswered.remove(answers)
-            self.role_answers = answers
-        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_begin", role=node.role))
-
-    def _role_end(self, node: ir.RoleEnd) -> None:
-        if self.cur_role != node.role:
-            raise ValueError(f"role {node.role!r} ends but the open role is {self.cur_role!r}")
-        message = self._role_message()
-        self.messages_.append(message)
-        if node.role == "assistant":
-            self.unanswered = [c["id"] for c in self.role_calls]
-        _, suffix = self.chat_template.prefix_and_suffix(node.role)
-        self.cur_role = None
-        self._append(suffix)
-        self.emit(RoleEvent(program=self.id, parent=self.parent_id, type="role_end", role=node.role))
-
-    def _role_message(self) -> dict[str, Any]:
-        """The open role's message: its text less what is not content, with its tool calls (an assistant's)
-        or the call it answers (a tool's)."""
-        parts, pos = [], self.cur_role_begin
-        for start, end in self.role_hidden:
-            parts.append(self.text_[pos:start])
-            pos = end
-        parts.append(self.text_[pos:])
-        message: dict[str, Any] = {"role": self.cur_role, "content": "".join(parts)}
-        if self.role_calls:
-            message["tool_calls"] = list(self.role_calls)
-        if self.role_answers is not None:
-            message["tool_call_id"] = self.role_answers
-        return message
-
     def _derived(self, backend: Backend | None = None, defaults: GenParams | None = None,
                  stream: bool | None = None, parent: StreamExecutor | None = None) -> StreamExecutor:
         """A new executor that starts from this state (a fork's branch, a copy, a continuation): its settings
@@ -681,39 +454,6 @@ class StreamExecutor:
         new.role_answers, new.unanswered = self.role_answers, list(self.unanswered)
         return new
 
-    def _image(self, node: ir.Image) -> None:
-        media = Media("image", node.path)
-        token = self.backend.media_token(media)  # a backend that takes no images fails here, at the line
-        self._add_media(media, token, thumbnail(media))  # reads the image: unreadable fails here
-
-    def _video(self, node: ir.Video) -> None:
-        media = Media("video", node.path, node.num_frames)
-        token = self.backend.media_token(media)
-        frames = video_frames(media)
-        self._add_media(media, token, frames[0] if frames else None, (frames, node.num_frames))
-
-    def _add_media(self, media: Media, token: str, thumb: str | None,
-                   video: tuple[list[str], int] | None = None) -> None:
-        """`media` joins the state as `token`; views get its thumbnail (a video's also its frames and count)."""
-        self.images_.append(media)
-        self.text_ += token
-        with self.chunks_cond:
-            self.chunks.append((None, token, None))
-            self.chunks_cond.notify_all()
-        label = describe(media)
-        event = MediaEvent(program=self.id, parent=self.parent_id, type="video" if media.kind == "video" else "image",
-                           index=len(self.images_) - 1, text=token, source=label, path=label, thumbnail=thumb)
-        if video is not None:
-            event["frames"], event["num_frames"] = video
-        self.emit(event)
-
-    def _var_scope_begin(self, node: ir.VarScopeBegin) -> None:
-        self.var_scopes[node.name] = len(self.text_)
-
-    def _var_scope_end(self, node: ir.VarScopeEnd) -> None:
-        start = self.var_scopes.pop(node.name)
-        self._set_var(node.name, self.text_[start:])
-
     def _concate_and_append(self, node: ir.ConcateAndAppend) -> None:
         for state in node.states:
             exe = state.executor
@@ -722,34 +462,6 @@ class StreamExecutor:
                 raise ProgramError(f"a fork failed: {exe.error_}") from exe.error_
             self.images_.extend(exe.images_[exe.fork_media:])  # what the branch added after the fork
             self._append(exe.text_[exe.fork_start:])
-
-    def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
-        """Each named gen's reply split into answer and reasoning; the reasoning also leaves the text and the
-        messages (the reply's last occurrence in them, which is where the gen wrote it)."""
-        fmt = self._reasoning_format(node)
-        for name in node.names:
-            value = self.variables.get(name)
-            if not isinstance(value, str):
-                raise ValueError(f"separate_reasoning: {name!r} has no text to split")
-            reasoning, answer = split_reasoning(value, fmt)
-            if answer != value:
-                at = self.text_.rfind(value)
-                if at >= 0:
-                    self.text_ = self.text_[:at] + answer + self.text_[at + len(value):]
-                for k in range(len(self.messages_) - 1, -1, -1):  # a new dict: forks share the old ones
-                    content = self.messages_[k].get("content")
-                    if isinstance(content, str) and value in content:
-                        i = content.rfind(value)
-                        self.messages_[k] = {**self.messages_[k],
-                                             "content": content[:i] + answer + content[i + len(value):]}
-                        break
-                self._set_var(name, answer)
-            self.emit(ReasoningEvent(program=self.id, parent=self.parent_id, type="reasoning", var=name,
-                                     reasoning=reasoning, answer=answer))
-            self._set_var(f"{name}_reasoning_content", reasoning)
-
-    def _reasoning_format(self, node: ir.SeparateReasoning) -> ReasoningFormat:
-        return reasoning_format(node.model_type or getattr(self.backend, "reasoning_parser", None))
 
     # ---- variables and events --------------------------------------------------------------------------
     def _set_var(self, name: str, value: Any) -> None:
@@ -897,71 +609,7 @@ def _describe(error: BaseException, where: str | None) -> str:
     return f"{text} (at {where})" if where and where not in text else text
 
 
-def _sampling(values: dict[str, Any]) -> GenParams:
-    """GenParams of a tool plan's sampling values (its lists as tuples)."""
-    return GenParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})  # type: ignore[arg-type]
-
-
-def _arguments(call: dict[str, Any]) -> Any:
-    """A call's arguments, parsed from their JSON string (kept as the string when it is not JSON)."""
-    args = call["function"].get("arguments", "{}")
-    try:
-        return json.loads(args) if isinstance(args, str) else args
-    except json.JSONDecodeError:
-        return args
-
-
-def _convert(value: str, dtype: type) -> Any:
-    text = value.strip()
-    if dtype is bool:
-        return text == "True"
-    if dtype is str:
-        return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
-    return dtype(text)
-
-
 _PROGRESS_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens")
-
-
-def _sample_choice(decision: ChoiceDecision, choices: list[str], temperature: float,
-                   method: str) -> ChoiceDecision:
-    """select(temperature > 0): a choice drawn with probabilities softmax(score / temperature) over the method's
-    per-choice scores (Python's `random`: seed it to repeat a draw). The backends score; this draws, once for
-    all of them."""
-    meta = decision.meta_info
-    key = ("normalized_unconditional_prompt_logprobs" if method == "unconditional_likelihood_normalized"
-           else "normalized_prompt_logprobs")
-    scores = meta.get(key)
-    if not isinstance(scores, list) or len(scores) != len(choices):
-        raise BackendError(f"select(temperature={temperature}) draws from the choices' scores ({key}), which this "
-                           "backend did not return")
-    top = max(scores)
-    weights = [math.exp((v - top) / temperature) for v in scores]
-    index = random.choices(range(len(choices)), weights)[0]
-    total = sum(weights)
-    return ChoiceDecision(choices[index], {**meta, "temperature": temperature,
-                                           "choice_probs": [w / total for w in weights]})
-
-
-def _schema_title(schema: str | None) -> str | None:
-    """A JSON schema's title (a pydantic model's class name), which views show for the constraint."""
-    if not schema:
-        return None
-    try:
-        title = json.loads(schema).get("title")
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return title if isinstance(title, str) and title else None
-
-
-def _small_meta(meta: MetaInfo) -> MetaInfo:
-    """What a gen_end event carries for views: counts, timings (the engine's clock: ttft and e2e_latency both
-    from the request's arrival), where the cache hit ends in the prompt's characters (cached_chars, from the
-    engine), the output tokens as (text, forced) pairs and, when the gen asked for logprobs, their logprobs and
-    top alternatives (the lists the backend returned, not copied)."""
-    keys = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_chars", "finish_reason", "e2e_latency",
-            "ttft", "decode_steps", "forced_tokens", "output_tokens", "output_token_logprobs", "output_top_logprobs")
-    return meta_subset(meta, keys)
 
 
 _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {

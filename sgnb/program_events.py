@@ -75,7 +75,7 @@ class GenEndEvent(_Origin):
     type: Literal["gen_end"]
     var: str | None
     rid: str
-    meta_info: MetaInfo  # its counts, timings, cached_chars, output tokens and logprobs (interpreter._small_meta)
+    meta_info: MetaInfo  # its counts, timings, cached_chars, output tokens and logprobs (interpreter_gen._small_meta)
     prompt_chars: int  # the prompt's length in characters (views place its cached part with it)
 
 
