@@ -390,7 +390,8 @@ class Engine:
         With stream=True (one prompt, n=1) returns an iterator of dicts whose "text" is the new text since the
         previous chunk; the last chunk carries the full meta_info. `stream_interval_s` > 0 coalesces: chunks
         come at most that often, the first one interval after the call (the tokens of the steps between travel
-        together; the last chunk still comes the moment the request ends), so a consumer that shows text need not wake at every decode step.
+        together; the last chunk still comes the moment the request ends), so a consumer that shows text need
+        not wake at every decode step.
         Interrupting the wait (KeyboardInterrupt) aborts the requests, which frees their KV and cache locks.
 
         sampling_params: a dict of SGLang's names (validated here), or a SamplingParams from

@@ -25,7 +25,8 @@ Grammars = dict[tuple[str, str], Any]  # (kind, source) -> its compile's concurr
 
 
 def constrained(sampling_params: Any) -> bool:
-    """Whether a generate call's sampling params (a dict or SamplingParams, or one per prompt) hold a regex / JSON schema / EBNF."""
+    """Whether a generate call's sampling params (a dict or SamplingParams, or one per prompt) hold a regex /
+    JSON schema / EBNF."""
     per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
     kinds = ("regex", "json_schema", "ebnf")
     return any(any(p.get(k) is not None for k in kinds) if isinstance(p, dict)
