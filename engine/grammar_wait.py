@@ -28,9 +28,8 @@ def constrained(sampling_params: Any) -> bool:
     """Whether a generate call's sampling params (a dict or SamplingParams, or one per prompt) hold a regex /
     JSON schema / EBNF."""
     per = sampling_params if isinstance(sampling_params, list) else [sampling_params]
-    kinds = ("regex", "json_schema", "ebnf")
-    return any(any(p.get(k) is not None for k in kinds) if isinstance(p, dict)
-               else isinstance(p, SamplingParams) and any(getattr(p, k) is not None for k in kinds) for p in per)
+    values = [p if isinstance(p, dict) else vars(p) for p in per if isinstance(p, (dict, SamplingParams))]
+    return any(v.get(k) is not None for v in values for k in ("regex", "json_schema", "ebnf"))
 
 
 async def compiled(reqs: list[Req], timeout: float, backend: Callable[[], Any]) -> None:
