@@ -8,7 +8,26 @@ through TRITON_INTERPRET=1 and each module's `_*_triton` wrapper). They are load
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from typing import Any
+
+if __name__ == "kernels":  # (tests/test_package.py runs this in a subprocess)
+    # This folder was imported as a top-level `kernels`: a checkout's root is on sys.path (`python -m`, `python -c`
+    # or a kernel started there) and shadows Hugging Face's `kernels` package, which transformers imports when it is
+    # installed. Load that package in this module's place; with none installed, `import kernels` fails as usual.
+    import importlib.machinery
+    import importlib.util
+
+    _here = Path(__file__).resolve().parent.parent
+    _path = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    _spec = importlib.machinery.PathFinder.find_spec("kernels", _path)
+    if _spec is None or _spec.loader is None:
+        raise ModuleNotFoundError("No module named 'kernels' (this checkout's kernels/ folder is sgnb.kernels)",
+                                  name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module  # the import statement returns what sys.modules holds once this file ends
+    _spec.loader.exec_module(_module)
 
 # public name -> submodule that defines it
 _LAZY = {

@@ -80,12 +80,17 @@ def shoot(locator: Any, name: str, **options: Any) -> Path:
 
 def notebook_failed(page: Any, name: str) -> AssertionError:
     """A notebook page that did not get where a test waited: its full-page screenshot as test-artifacts/NAME, and
-    an error saying the kernel's status and what the cells printed (a traceback, a dead kernel), which is all
-    that CI's log shows of it. Raise it `from` the wait's exception."""
+    an error saying the kernel's status, the cells' prompts, any dialog, what the cells printed (a traceback, a
+    dead kernel) and the tail of the latest Jupyter server's log, which is all that CI's log shows of it. Raise it
+    `from` the wait's exception."""
     shoot(page, name, full_page=True)
     outputs = page.locator(".jp-OutputArea").all_inner_texts()
+    prompts = [p.strip() for p in page.locator(".jp-InputPrompt").all_inner_texts()]
     status = page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
-    return AssertionError(f"kernel {status}; cell outputs: {outputs}")
+    dialogs = page.locator(".jp-Dialog").all_inner_texts()  # "Kernel Restarting", "Select Kernel", ...
+    log = _SERVER_LOGS[-1].read_text(errors="replace")[-2500:] if _SERVER_LOGS else ""
+    return AssertionError(f"kernel {status}; prompts {prompts}; dialogs {dialogs}; cell outputs: {outputs}\n"
+                          f"server log:\n{log}")
 
 
 # ---- Jupyter servers -------------------------------------------------------------------------------------------
@@ -104,6 +109,9 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_SERVER_LOGS: list[Path] = []  # the servers' logs, latest last: a failed page's error quotes its tail
 
 
 @contextlib.contextmanager
@@ -133,6 +141,7 @@ def jupyter_server(tmp_path: Path, module: str = "jupyterlab", *, root: Path | N
                    JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
     url = f"http://127.0.0.1:{_free_port()}"
     log_path = tmp_path / "server.log"
+    _SERVER_LOGS.append(log_path)
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", module, "--allow-root", "--no-browser", f"--port={url.rsplit(':', 1)[1]}",

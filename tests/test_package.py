@@ -41,6 +41,19 @@ def test_folders_are_not_top_level_packages(tmp_path):
     assert r.stdout.strip() == "sgnb.kernels.attention", r.stderr
 
 
+def test_a_checkout_root_on_sys_path_does_not_shadow_hf_kernels():
+    """`python -m sgnb.demo` (or a kernel) started in a checkout puts its root on sys.path, where kernels/ would
+    stand in for Hugging Face's `kernels`, which transformers >= 5.25 imports when it loads a tokenizer or model:
+    the first GGUF conversion of a fresh machine failed with `cannot import name 'CUDAProperties'`."""
+    r = _run("import kernels, transformers.activations, sgnb.kernels as k\n"
+             "print(kernels.__file__); print(k.__name__, k.__file__)", ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs, ours = r.stdout.split("\n")[:2]
+    if theirs != "None":
+        assert not Path(theirs).resolve().is_relative_to(ROOT / "kernels"), theirs
+    assert ours == f"sgnb.kernels {ROOT / 'kernels' / '__init__.py'}"
+
+
 def test_wheel_ships_only_sgnb(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
