@@ -1,6 +1,10 @@
 """Issue 32's GPU rows: the mixture-of-experts and FP8 paths, each against its HBM floor and a peer. One JSON.
 
-Parts (--parts, in this order; each is written to --out as soon as it is done, a failing part records its error):
+Parts (--parts, in the order given; each is written to --out as soon as it is done, a failing part records its
+error):
+- "gemv": the small-M FP8 kernel's tiles swept per BLOCK_M on the decode linears of Llama-2-7B and Qwen3-8B at
+  M = 1 / 2 / 4 / 8, beside bf16 F.linear, _scaled_mm and the tiled kernel, each reading its weights from HBM
+  (rotating copies); the best tile per BLOCK_M is used by the parts after it in the same run (put it first).
 - "kernels": correctness and speed of the kernels alone on the real shapes. FP8 linears of Llama-2-7B (4096 ->
   12288 q/k/v, 4096 -> 22016 gate/up, 11008 -> 4096 down) at M = 1 / 8 / 64: _scaled_mm (per-token activations)
   and our Triton kernel (per-channel and 128-block scales) against fp8_linear_ref and against bf16 F.linear,
@@ -11,8 +15,8 @@ Parts (--parts, in this order; each is written to --out as soon as it is done, a
   1k, beside HF transformers' Qwen3MoeForCausalLM (random bf16 weights of the same config, generate), run after
   the engine is gone (both do not fit at once). Floor = (every non-expert weight + the experts the batch routes
   to, expected E * (1 - (1 - k/E)^b) per layer under uniform routing, + the KV read) / copy rate.
-- "fp8": decode ms/step on the Llama-2-7B shape in bf16 and with quantization="fp8" (and fp8 with our Triton
-  kernel below 16 rows instead of _scaled_mm), each against its floor (its own weight bytes + KV); HF
+- "fp8": decode ms/step on the Llama-2-7B shape in bf16 and with quantization="fp8" (and fp8 with _scaled_mm at
+  every batch, the path before the small-M kernel), each against its floor (its own weight bytes + KV); HF
   transformers bf16 on the same shape (bench_decode_peers.hf_rows).
 - "quality": the fp8 engine's prompt logprobs against the bf16 engine's on the same dummy weights
   (dummy:llama-2-7b-smolvocab, seed 0, 4 random prompts of 256 tokens): mean and max |diff|, top-1 agreement;
@@ -129,6 +133,99 @@ def kernel_rows(args: argparse.Namespace) -> dict:
                "x_floor": round(ms / floor, 2), "max_rel_err_vs_fp32": float(f"{rel:.3g}")}
         out["fused_moe"].append(row)
         print(json.dumps(row), flush=True)
+    return out
+
+
+# ---- the small-M FP8 kernel's tiles ---------------------------------------------------------------------------
+GEMV_SHAPES = {  # (K, N) of the decode step's linears: Llama-2-7B's four, Qwen3-8B's q/k/v, gate/up and down
+    "llama qkv": (4096, 12288), "llama o": (4096, 4096), "llama gate_up": (4096, 22016), "llama down": (11008, 4096),
+    "qwen3 qkv": (4096, 6144), "qwen3 gate_up": (4096, 24576), "qwen3 down": (12288, 4096)}
+
+
+def _rotating_ms(fns: list, iters: int = 30, per_graph: int = 24) -> float:
+    """Median ms of one call, replayed in a CUDA graph that cycles through `fns` (each on its own weights, together
+    larger than the L2 cache, so every call reads its weights from HBM as a decode step does)."""
+    calls = [fns[i % len(fns)] for i in range(per_graph)]
+    return _graph_ms(lambda: [f() for f in calls], iters=iters, per_graph=1) / per_graph
+
+
+def gemv_part(args: argparse.Namespace) -> dict:
+    """The small-M kernel's (BLOCK_N, BLOCK_K, warps, stages) swept per BLOCK_M on GEMV_SHAPES, beside bf16
+    F.linear, _scaled_mm and the tiled Triton kernel, all reading their weights from HBM (rotating copies >= 256
+    MB). The best tile per BLOCK_M (geometric mean of time over the FP8 floor across shapes) replaces
+    GEMV_CONFIGS for the parts that follow in this process, and is printed for the code."""
+    import math
+
+    import torch
+
+    from sgnb.kernels import fp8_linear as f8
+
+    torch.manual_seed(0)
+    out: dict = {"rows": [], "best": {}}
+    tiles = [(bn, bk) for bn in (4, 8, 16, 32) for bk in (128, 256, 512, 1024)]
+    launch = [(4, 2), (4, 3), (4, 4), (8, 3)]
+    per_m: dict[int, dict[tuple, list[float]]] = {}
+    for name, (K, N) in GEMV_SHAPES.items():
+        copies = max(2, math.ceil(256e6 / (N * K)))
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(min(copies, 3))]
+        qs = []
+        for i in range(copies):
+            q, sc = f8.quantize_fp8(ws[i % len(ws)], "channel")
+            qs.append((q, sc[:, None].contiguous()))
+        blocks = [f8.quantize_fp8(ws[i % len(ws)], "block") for i in range(copies)]
+        qb = [(q, f8.scales_to_rows(sb, (N, K), block=True)) for q, sb in blocks]
+        bf16_copies = [ws[i % len(ws)].clone() for i in range(max(2, math.ceil(256e6 / (2 * N * K))))]
+        floor = N * K / BW * 1e3
+        for M in (1, 2, 4, 8):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ref = f8.fp8_linear_ref(x, *qs[0]).float()
+            row: dict = {"layer": name, "K": K, "N": N, "M": M, "fp8_floor_ms": round(floor, 4), "ms": {}}
+            row["ms"]["bf16"] = _rotating_ms([partial(torch.nn.functional.linear, x, w) for w in bf16_copies])
+            row["ms"]["scaled_mm"] = _rotating_ms([partial(f8._fp8_linear_scaled_mm, x, q, sc) for q, sc in qs])
+            row["ms"]["triton_tiled"] = _rotating_ms([partial(f8._fp8_linear_triton, x, q, sc) for q, sc in qs])
+            bm = f8.next_pow2(M)
+            best = None
+            for bn, bk in tiles:
+                if bm * bn * bk > 16384 or bm * bn * bk < 2048:
+                    continue
+                for warps, stages in launch:
+                    cfg = (bn, bk, warps, stages)
+                    try:
+                        got = f8._fp8_gemv_triton(x, *qs[0], config=cfg).float()
+                        err = ((got - ref).abs().max() / ref.abs().max()).item()
+                        ms = _rotating_ms([partial(f8._fp8_gemv_triton, x, q, sc, cfg) for q, sc in qs])
+                    except Exception as e:  # noqa: BLE001 - a tile that does not compile is skipped
+                        print(json.dumps({"layer": name, "M": M, "config": cfg, "error": str(e)[:200]}), flush=True)
+                        continue
+                    per_m.setdefault(bm, {}).setdefault(cfg, []).append(ms / floor)
+                    if err < 2e-2 and (best is None or ms < best[1]):
+                        best = (cfg, ms)
+            if best is not None:
+                row["ms"]["gemv_best"] = best[1]
+                row["gemv_best_config"] = list(best[0])
+            row["ms"] = {k: round(v, 4) for k, v in row["ms"].items()}
+            row["x_floor"] = {k: round(v / floor, 2) for k, v in row["ms"].items()}
+            if M == 1:
+                cfg = tuple(row.get("gemv_best_config") or f8.GEMV_CONFIGS[1])
+                got = f8._fp8_gemv_triton(x, *qb[0], config=cfg).float()
+                refb = f8.fp8_linear_ref(x, *qb[0]).float()
+                row["block_scales"] = {
+                    "ms": round(_rotating_ms([partial(f8._fp8_gemv_triton, x, q, sb, cfg) for q, sb in qb]), 4),
+                    "max_rel_err": float(f"{((got - refb).abs().max() / refb.abs().max()).item():.3g}")}
+            out["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del ws, qs, qb, blocks, bf16_copies
+        torch.cuda.empty_cache()
+    for bm, by_cfg in sorted(per_m.items()):
+        complete = {c: v for c, v in by_cfg.items() if len(v) == len(GEMV_SHAPES)}
+        if not complete:
+            continue
+        cfg, xs = min(complete.items(), key=lambda kv: sum(math.log(v) for v in kv[1]))
+        out["best"][bm] = {"config": list(cfg), "geomean_x_floor": round(math.exp(sum(map(math.log, xs)) / len(xs)), 3)}
+        if bm <= f8.GEMV_MAX_M:
+            f8.GEMV_CONFIGS[bm] = cfg
+    out["gemv_configs_used_after"] = {k: list(v) for k, v in f8.GEMV_CONFIGS.items()}
+    print(json.dumps({"gemv_best": out["best"]}), flush=True)
     return out
 
 
@@ -252,13 +349,14 @@ def fp8_part(args: argparse.Namespace) -> dict:
     model = args.fp8_model
     out: dict = {"bf16": engine_decode(model, args, _all_weights),
                  "fp8": engine_decode(model, args, _all_weights, quantization="fp8")}
-    Fp8Linear.triton_max_m = 16
+    gemv_max_m = Fp8Linear.gemv_max_m
+    Fp8Linear.gemv_max_m = 0  # the step before the small-M kernel: _scaled_mm at every batch
     try:
-        out["fp8_triton_small_m"] = engine_decode(model, args, _all_weights, quantization="fp8")
+        out["fp8_scaled_mm_only"] = engine_decode(model, args, _all_weights, quantization="fp8")
     finally:
-        Fp8Linear.triton_max_m = 0
+        Fp8Linear.gemv_max_m = gemv_max_m
     bf16 = {r["batch"]: r["decode_step_ms"] for r in out["bf16"]}
-    for key in ("fp8", "fp8_triton_small_m"):
+    for key in ("fp8", "fp8_scaled_mm_only"):
         for r in out[key]:
             r["over_bf16"] = round(r["decode_step_ms"] / bf16[r["batch"]], 3)
     if args.hf:
@@ -345,7 +443,7 @@ def smollm2_part(args: argparse.Namespace) -> dict:
     return out
 
 
-PARTS = {"kernels": kernel_rows, "moe": moe_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
+PARTS = {"gemv": gemv_part, "kernels": kernel_rows, "moe": moe_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
 
 
 def main() -> int:

@@ -5,12 +5,13 @@ per output channel (a per-tensor scale is stored this way too, repeated), G = cd
 per row (a checkpoint's 128x128 block scales, each block's scale repeated over its 128 rows). One form covers
 every checkpoint scheme, and fused q/k/v or gate/up weights are their parts' rows stacked, scales included.
 
-On CUDA a layer with per-channel scales runs `torch._scaled_mm` (cuBLASLt FP8 GEMM) on the activations
-quantized per token at run time (dynamic per-token scales, rowwise scaling of both operands); grouped scales,
-and per-channel ones at up to `Fp8Linear.triton_max_m` rows, run our Triton kernel, which multiplies the
-activations in their own dtype by the e4m3 weights converted in registers, applying each group's scale to its
-partial sum: it reads 1 byte per weight, like _scaled_mm, with no activation rounding. Elsewhere (CPU: the
-tests' engine) `fp8_linear_ref`: dequantize, then matmul.
+On CUDA, up to `GEMV_MAX_M` rows (a decode step at small batch) every layer runs the small-M Triton kernel: a
+weight stream along K reduced in registers, no tensor-core tile. Above that a layer with per-channel scales runs
+`torch._scaled_mm` (cuBLASLt FP8 GEMM) on the activations quantized per token at run time (dynamic per-token
+scales, rowwise scaling of both operands), and grouped scales run our tiled Triton kernel. Both Triton kernels
+multiply the activations in their own dtype by the e4m3 weights converted in registers, applying each group's
+scale to its partial sum: they read 1 byte per weight, like _scaled_mm, with no activation rounding. Elsewhere
+(CPU: the tests' engine) `fp8_linear_ref`: dequantize, then matmul.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sgnb.kernels._triton_utils import cdiv, jit, tl, triton, use_triton
+from sgnb.kernels._triton_utils import cdiv, jit, next_pow2, tl, triton, use_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
@@ -164,6 +165,74 @@ def _fp8_linear_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tenso
     return y
 
 
+# ---- the small-M (decode) kernel -----------------------------------------------------------------------------
+@jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+                     GROUPED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    # y[m, n] = sum_k x[m, k] * q[n, k] * s[n, k // 128] for M <= BLOCK_M (a decode step's few rows). A program
+    # streams BLOCK_N weight rows along K, where they are contiguous (16-byte loads of 16 e4m3 values), and
+    # reduces x * w over K in float32 registers: a weight read with no tensor-core tile to fill, which at one
+    # row is what the time is. Grouped scales: CHUNK = 128, and each chunk's partial sum takes its own scale
+    # (else CHUNK = BLOCK_K).
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_c = tl.arange(0, CHUNK)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # (BN, 1)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # (BM, 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        for j in tl.static_range(BLOCK_K // CHUNK):
+            k = k0 + j * CHUNK + offs_c
+            k_ok = k < K
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            part = tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (BM, BN)
+            if GROUPED:
+                sc = tl.load(s_ptr + offs_n * stride_sn + (k0 + j * CHUNK) // 128, mask=n_ok, other=0.0)
+                acc += part * sc[None, :]
+            else:
+                acc += part
+    if not GROUPED:
+        acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_ok, other=0.0)[None, :]
+    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) by BLOCK_M: see GEMV_CONFIGS' note in `_fp8_gemv_triton`
+GEMV_CONFIGS: dict[int, tuple[int, int, int, int]] = {1: (8, 512, 4, 3), 2: (8, 512, 4, 3), 4: (8, 256, 4, 3)}
+GEMV_MAX_M = max(GEMV_CONFIGS)  # rows up to which Fp8Linear takes the small-M kernel on CUDA
+
+
+def _fp8_gemv_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor,
+                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x (M, K) @ dequantized q^T for M <= GEMV_MAX_M: the small-M kernel, activations in their own dtype.
+    `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) overrides GEMV_CONFIGS (the tuning benchmark's sweep:
+    benchmarks/bench_moe_fp8.py --parts gemv)."""
+    assert triton is not None
+    M, K = x.shape
+    N = q.shape[0]
+    assert q.shape == (N, K) and q.dtype == FP8 and q.stride(1) == 1 and x.stride(1) == 1, (q.shape, x.shape)
+    G = scale_rows.shape[1]
+    assert scale_rows.shape == (N, G) and G in (1, cdiv(K, GROUP)) and scale_rows.dtype == torch.float32
+    block_m = next_pow2(M)
+    assert block_m <= GEMV_MAX_M or config is not None, M
+    block_n, block_k, warps, stages = config or GEMV_CONFIGS[block_m]
+    if G > 1:
+        block_k = max(block_k, GROUP)  # whole 128-column groups per step
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M:
+        _fp8_gemv_kernel[(cdiv(N, block_n),)](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0),
+                                               scale_rows.stride(0), y.stride(0), GROUPED=G > 1, BLOCK_M=block_m,
+                                               BLOCK_N=block_n, BLOCK_K=block_k,
+                                               CHUNK=GROUP if G > 1 else block_k, num_warps=warps,
+                                               num_stages=stages)
+    return y
+
+
 def _fp8_linear_scaled_mm(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor) -> torch.Tensor:
     """cuBLASLt FP8 GEMM with rowwise scales: per-token activations (M, 1), per-channel weights (1, N)."""
     xq, xs = _quantize_per_token_triton(x)
@@ -174,7 +243,8 @@ class Fp8Linear(nn.Module):
     """A drop-in for nn.Linear with e4m3 weights `weight` (N, K) and float32 scales `weight_scale` (N, 1) or
     (N, cdiv(K, 128)); an optional bias in the activations' dtype. Input and output keep the caller's dtype."""
 
-    triton_max_m = 0  # per-channel layers run our Triton kernel up to this many rows, _scaled_mm above
+    gemv_max_m = GEMV_MAX_M  # rows up to which every layer runs the small-M kernel (decode at small batch)
+    triton_max_m = 0  # above that, per-channel layers run our tiled Triton kernel up to this many rows, _scaled_mm above
 
     def __init__(self, q: torch.Tensor, scale_rows: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -197,7 +267,9 @@ class Fp8Linear(nn.Module):
         if use_triton(x2):
             x2 = x2.contiguous()
             aligned = self.in_features % 16 == 0 and self.out_features % 16 == 0
-            if s.shape[1] == 1 and aligned and x2.shape[0] > self.triton_max_m:
+            if x2.shape[0] <= self.gemv_max_m:
+                y = _fp8_gemv_triton(x2, q, s)
+            elif s.shape[1] == 1 and aligned and x2.shape[0] > self.triton_max_m:
                 y = _fp8_linear_scaled_mm(x2, q, s)
             else:
                 y = _fp8_linear_triton(x2, q, s)
