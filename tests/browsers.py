@@ -253,12 +253,35 @@ def dismiss_dialogs(page: Any) -> bool:
     return seen
 
 
+# the notebook's session has its kernel, connected and idle. Not the execution indicator alone: it reads "idle"
+# from the start, while the toolbar still says "No Kernel" (seen 0.25 s apart on a quiet machine here). Run All
+# Cells in that window finds no kernel and opens "Select Kernel", and a cell that runs while the dialog's choice is
+# applied can find none again: in CI (a fresh machine, two test workers) the last cell of four sat unrun behind
+# such a dialog for 180 s.
+KERNEL_READY = """() => {
+  const name = document.querySelector('.jp-KernelName')?.textContent.trim();
+  const status = document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status;
+  return !!name && name !== 'No Kernel' && status === 'idle';
+}"""
+
+
+def wait_kernel_ready(page: Any, timeout_ms: float = 90_000) -> None:
+    """Wait until the notebook's kernel is connected and idle (KERNEL_READY), twice 0.3 s apart."""
+    page.wait_for_function(KERNEL_READY, timeout=timeout_ms)
+    page.wait_for_timeout(300)
+    page.wait_for_function(KERNEL_READY, timeout=timeout_ms)
+
+
 def run_all_cells(page: Any, tries: int = 3) -> None:
     """Run > Run All Cells, until a cell shows it ran or runs (within 20 s of a click): on a loaded machine the
     first click can land before the notebook panel takes commands. Only the click is retried: once a cell has
     started, what the cells do next is the caller's to wait for (a retry then would run them all twice). A
     dialog the click opened (Select Kernel) held the run back: once it is answered, the cells run without
-    another click."""
+    another click. The first click waits for the kernel (`wait_kernel_ready`)."""
+    try:
+        wait_kernel_ready(page)
+    except Exception:  # a page whose kernel is still starting: the dialogs below deal with what comes
+        pass
     for _ in range(tries):
         if dismiss_dialogs(page):
             try:

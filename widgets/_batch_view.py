@@ -1,11 +1,13 @@
-"""BatchView: a compact live table of a `run_batch`: one row per program (its arguments, variables, status,
-progress), fed by the programs' events.
+"""The table of a `run_batch`: one row per program (its arguments, variables, status, progress), fed by the
+programs' events.
 
 `run_batch` shows one in a notebook (an IPython kernel with a frontend) when the caller passed no subscribers
-of its own, through a `BatchTable`: the table appears once the batch has run `BATCH_INTERVAL` seconds and then
-updates live, or, for a batch that ends sooner, appears once, finished. Like ProgramView's, the callbacks of
-`subscriber_for(i)` only append to a buffer; a Ticker thread folds it into the rows and syncs them at <= 4 Hz, one
-message per flush; the rows live in synced traits, so a saved notebook shows the finished batch. The trait layout is documented in `batch_view.js`.
+of its own, through a `BatchTable`: a batch still running after `BATCH_INTERVAL` seconds gets a live BatchView
+then, which updates until the batch ends; a batch that ends sooner gets a BatchSnapshot when it ends, its final
+table as static HTML. Both draw from one `BatchRows`. Like ProgramView's, the view's callbacks only append to a
+buffer; a Ticker thread folds it into the rows and syncs them at <= 4 Hz, one message per flush; the rows live in
+synced traits (their layout is documented in `batch_view.js`), and the output carries the static picture too, so
+a saved notebook shows the finished batch either way.
 """
 
 from __future__ import annotations
@@ -69,69 +71,35 @@ class _Row:
                 "gens_done": self.gens_done, "tokens": self.tokens, "error": self.error, "elapsed": elapsed}
 
 
-class BatchView(anywidget.AnyWidget):
-    """A table of a batch's programs, one row each: arguments, variables, status, gens done and tokens.
+class BatchRows:
+    """The rows of a batch's table and the events that feed them: `add` (any thread) only buffers; `fold` applies
+    what is buffered, `finish(states)` takes run_batch's final states, `state()` is what the views show."""
 
-    `BatchView("name", [arguments per program])` starts with every row queued; feed program i's events to
-    `subscriber_for(i)` (any thread), and call `finish(states)` with run_batch's states at the end (the final
-    values and statuses, cancelled programs included; on the cell's thread, since a view displayed with
-    `sgnb.widgets._display.show` then sends its output again, with the final snapshot)."""
-
-    _esm = bundle("batch_view.js")
-
-    title = traitlets.Unicode("").tag(sync=True)
-    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
-    summary = traitlets.Dict().tag(sync=True)
-
-    def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
-                 interval: float = BATCH_INTERVAL, t_begin: float | None = None,
-                 early: list[tuple[int, float, ProgramEvent]] | None = None, states: list[Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, arguments: list[dict[str, Any]], t_begin: float | None = None) -> None:
         self._lock = threading.Lock()  # guards _pending
-        self._flush_lock = threading.RLock()
         self._pending: list[tuple[int, float, ProgramEvent]] = []  # (program, arrival time, event)
-        self._rows = [_Row(i, {k: argument_text(v) for k, v in a.items()}) for i, a in enumerate(arguments or [])]
-        self._root: dict[str, int] = {}  # program id (a branch's too) -> its row
-        self._t_begin = time.time() if t_begin is None else t_begin  # (the batch's start: its elapsed time)
-        self._t_end: float | None = None
-        self.interval = max(interval, 0.05)  # seconds between syncs; run_batch streams its gens at this pace too
-        self._ticker = Ticker(self.flush, self.interval, "sgnb-batch-view", idle_stop=2.0)
-        self._pending.extend(early or [])  # events from before the view (see BatchTable)
-        if states is not None:  # a finished batch: the view opens with its final rows
-            self._fold()
-            self._finish_rows(states)
-        super().__init__(title=title, **self._state(), **kwargs)  # the rows travel with the widget's opening
+        self.rows = [_Row(i, {k: argument_text(v) for k, v in a.items()}) for i, a in enumerate(arguments)]
+        self.t_begin = time.time() if t_begin is None else t_begin  # (the batch's start: its elapsed time)
+        self.t_end: float | None = None
 
-    # ---- feeding -----------------------------------------------------------------------------------------
-    def subscriber_for(self, index: int) -> Subscriber:
-        """The event callback for the batch's program `index` (its branches' events come through it too)."""
+    def add(self, events: list[tuple[int, float, ProgramEvent]]) -> None:
+        """Buffer events: (program index, arrival time, event)."""
+        with self._lock:
+            self._pending.extend(events)
 
-        def on_event(event: ProgramEvent) -> None:
-            now = time.time()  # the row's timings are the events' own, not the later flush's
-            with self._lock:
-                self._pending.append((index, now, event))
-            self._ticker.start()
-
-        return on_event
-
-    def take(self, events: list[tuple[int, float, ProgramEvent]]) -> None:
-        """Events that came while the view was being made: (program index, arrival time, event)."""
-        if events:
-            with self._lock:
-                self._pending.extend(events)
-            self._ticker.start()
+    def fold(self) -> bool:
+        """Apply the buffered events to the rows; False when there were none."""
+        with self._lock:
+            events, self._pending = self._pending, []
+        for index, when, event in events:
+            if 0 <= index < len(self.rows):
+                self._apply(self.rows[index], event, when)
+        return bool(events)
 
     def finish(self, states: list[Any]) -> None:
         """The batch is over: each row takes its state's variables and final status (a None state: cancelled)."""
-        with self._flush_lock:
-            self._fold()
-            self._finish_rows(states)
-            self._send_rows()
-        refresh(self)  # the output's static snapshot: the finished batch (when `show` displayed the view)
-
-    def _finish_rows(self, states: list[Any]) -> None:
-        for row, state in zip(self._rows, states):
+        self.fold()
+        for row, state in zip(self.rows, states):
             if state is None:
                 if row.status in ("queued", "running"):
                     row.status = "cancelled"
@@ -144,31 +112,10 @@ class BatchView(anywidget.AnyWidget):
                 row.error = row.error or _short(f"{type(failure.error).__name__}: {failure.error}", 300)
             elif row.status in ("queued", "running"):
                 row.status = "done"
-        for row in self._rows:
+        for row in self.rows:
             if row.status in ("queued", "running"):
                 row.status = "cancelled"
-        self._t_end = time.time()
-
-    def close(self) -> None:
-        self._ticker.stop()
-        super().close()
-
-    # ---- folding events into rows ------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Fold the buffered events into the rows and sync them (one message). False when nothing was pending."""
-        with self._flush_lock:
-            if not self._fold():
-                return False
-            self._send_rows()
-            return True
-
-    def _fold(self) -> bool:
-        with self._lock:
-            events, self._pending = self._pending, []
-        for index, when, event in events:
-            if 0 <= index < len(self._rows):
-                self._apply(self._rows[index], event, when)
-        return bool(events)
+        self.t_end = time.time()
 
     def _apply(self, row: _Row, e: ProgramEvent, now: float) -> None:
         kind, pid = e.get("type"), str(e.get("program") or "")
@@ -198,33 +145,103 @@ class BatchView(anywidget.AnyWidget):
                 row.status = "done"
             row.t_end = row.t_end or now
 
-    def _send_rows(self) -> None:
-        with self.hold_sync():
-            for name, value in self._state().items():
-                setattr(self, name, value)
-
-    def _state(self) -> dict[str, Any]:
-        """The synced traits' values of now: columns, rows, summary."""
+    def state(self) -> dict[str, Any]:
+        """The views' values of now: columns, rows (the first MAX_ROWS), summary."""
         now = time.time()
         names: list[str] = []
-        for row in self._rows:  # argument columns first, then variables, in the order they appear
+        for row in self.rows:  # argument columns first, then variables, in the order they appear
             names += [k for k in row.arguments if k not in names]
         variables: list[str] = []
-        for row in self._rows:
+        for row in self.rows:
             variables += [k for k in row.values if k not in variables and k not in names]
-        counts = {s: sum(r.status == s for r in self._rows)
+        counts = {s: sum(r.status == s for r in self.rows)
                   for s in ("queued", "running", "done", "error", "interrupted", "cancelled")}
-        summary = {"total": len(self._rows), **counts, "gens": sum(r.gens_done for r in self._rows),
-                   "tokens": sum(r.tokens for r in self._rows), "shown": min(len(self._rows), MAX_ROWS),
-                   "arguments": len(names), "elapsed": round((self._t_end or now) - self._t_begin, 2)}
-        return {"columns": (names + variables)[:MAX_COLUMNS], "rows": [r.to_json(now) for r in self._rows[:MAX_ROWS]],
-                "summary": summary}
+        summary = {"total": len(self.rows), **counts, "gens": sum(r.gens_done for r in self.rows),
+                   "tokens": sum(r.tokens for r in self.rows), "shown": min(len(self.rows), MAX_ROWS),
+                   "arguments": len(names), "elapsed": round((self.t_end or now) - self.t_begin, 2)}
+        return {"columns": (names + variables)[:MAX_COLUMNS],
+                "rows": [r.to_json(now) for r in self.rows[:MAX_ROWS]], "summary": summary}
+
+
+def _batch_repr(kind: str, title: str, summary: dict[str, Any]) -> str:
+    s = summary
+    return (f"<{kind} {title!r}: {s.get('done', 0)}/{s.get('total', 0)} done, "
+            f"{s.get('running', 0)} running, {s.get('error', 0)} failed>")
+
+
+class BatchView(anywidget.AnyWidget):
+    """A live table of a batch's programs, one row each: arguments, variables, status, gens done and tokens.
+
+    `BatchView("name", [arguments per program])` starts with every row queued; feed program i's events to
+    `subscriber_for(i)` (any thread), and call `finish(states)` with run_batch's states at the end (the final
+    values and statuses, cancelled programs included; on the cell's thread, since a view displayed with
+    `sgnb.widgets._display.show` then sends its output again, with the final snapshot)."""
+
+    _esm = bundle("batch_view.js")
+
+    title = traitlets.Unicode("").tag(sync=True)
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    summary = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, title: str = "", arguments: list[dict[str, Any]] | None = None, *,
+                 interval: float = BATCH_INTERVAL, t_begin: float | None = None,
+                 early: list[tuple[int, float, ProgramEvent]] | None = None, **kwargs: Any) -> None:
+        self._flush_lock = threading.RLock()
+        self._batch = BatchRows(arguments or [], t_begin)
+        self.interval = max(interval, 0.05)  # seconds between syncs; run_batch streams its gens at this pace too
+        self._ticker = Ticker(self.flush, self.interval, "sgnb-batch-view", idle_stop=2.0)
+        self._batch.add(early or [])  # events from before the view (see BatchTable)
+        super().__init__(title=title, **self._batch.state(), **kwargs)  # the rows travel with the widget's opening
+
+    # ---- feeding -----------------------------------------------------------------------------------------
+    def subscriber_for(self, index: int) -> Subscriber:
+        """The event callback for the batch's program `index` (its branches' events come through it too)."""
+
+        def on_event(event: ProgramEvent) -> None:
+            self._batch.add([(index, time.time(), event)])  # timed on arrival, not at the later flush
+            self._ticker.start()
+
+        return on_event
+
+    def take(self, events: list[tuple[int, float, ProgramEvent]]) -> None:
+        """Events that came while the view was being made: (program index, arrival time, event)."""
+        if events:
+            self._batch.add(events)
+            self._ticker.start()
+
+    def finish(self, states: list[Any]) -> None:
+        """The batch is over: each row takes its state's variables and final status (a None state: cancelled)."""
+        with self._flush_lock:
+            self._batch.finish(states)
+            self._send_rows()
+        refresh(self)  # the output's static snapshot: the finished batch (when `show` displayed the view)
+
+    @property
+    def _t_end(self) -> float | None:
+        return self._batch.t_end
+
+    def close(self) -> None:
+        self._ticker.stop()
+        super().close()
+
+    # ---- syncing -----------------------------------------------------------------------------------------
+    def flush(self) -> bool:
+        """Fold the buffered events into the rows and sync them (one message). False when nothing was pending."""
+        with self._flush_lock:
+            if not self._batch.fold():
+                return False
+            self._send_rows()
+            return True
+
+    def _send_rows(self) -> None:
+        with self.hold_sync():
+            for name, value in self._batch.state().items():
+                setattr(self, name, value)
 
     # ---- text forms --------------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        s = self.summary
-        return (f"<BatchView {self.title!r}: {s.get('done', 0)}/{s.get('total', 0)} done, "
-                f"{s.get('running', 0)} running, {s.get('error', 0)} failed>")
+        return _batch_repr("BatchView", self.title, self.summary)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
         """The widget view, a short text/plain and a static text/html snapshot of the table (what a renderer
@@ -234,13 +251,36 @@ class BatchView(anywidget.AnyWidget):
         return with_snapshot(self, super()._repr_mimebundle_(**kwargs))
 
 
+class BatchSnapshot:
+    """The table of a batch that ended before its live table was due: its final picture as HTML (the same
+    drawing a BatchView's output carries for renderers without widgets), with no widget behind it, since
+    nothing in it will change. Same title / columns / rows / summary attributes as a BatchView."""
+
+    def __init__(self, title: str, batch: BatchRows) -> None:
+        self.title = title
+        state = batch.state()
+        self.columns: list[str] = state["columns"]
+        self.rows: list[dict[str, Any]] = state["rows"]
+        self.summary: dict[str, Any] = state["summary"]
+
+    def __repr__(self) -> str:
+        return _batch_repr("BatchSnapshot", self.title, self.summary)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict]:
+        from sgnb.widgets._static import batch_html
+
+        return {"text/plain": repr(self),
+                "text/html": batch_html(self.title, self.columns, self.rows, self.summary)}, {}
+
+
 class BatchTable:
     """What `run_batch` feeds in a notebook: the programs' events, kept (with their arrival times) until a
-    BatchView exists to take them. `show()` makes and displays the view; run_batch calls it once the batch has
-    run `delay` seconds, so a long batch gets a live table early. A batch that ends sooner gets its table when
-    it ends: made, finished and displayed once, with no live syncs in between (making, displaying, updating and
-    redisplaying a widget costs the cell's thread ~9 ms on the GPU host, 4% of a 0.2 s batch of 64 programs,
-    benchmarks/bench_views.py). Call `show` and `finish` on the cell's thread."""
+    BatchView exists to take them. `show()` makes and displays the live view; run_batch calls it once the batch
+    has run `delay` seconds, so a long batch gets a live table early. A batch that ends sooner gets a
+    BatchSnapshot when it ends: its final table as static HTML, displayed once, with no widget (a widget's
+    opening, its layout model, display and final sync cost the cell's thread ~3 ms on the GPU host after every
+    such batch: 1.8% of a 0.18 s batch of 64 programs, benchmarks/bench_views.py). Call `show` and `finish` on
+    the cell's thread."""
 
     delay = BATCH_INTERVAL  # seconds a batch runs before its live table shows
 
@@ -268,29 +308,30 @@ class BatchTable:
 
         return on_event
 
-    def _make(self, states: list[Any] | None = None) -> BatchView:
-        with self._lock:
-            early, self._early = self._early, []
-        view = BatchView(self.title, self.arguments, interval=self.interval, t_begin=self._t_begin, early=early,
-                         states=states)
-        with self._lock:  # from here on the programs feed the view
-            view.take(self._early)
-            self._early = []
-            self.view = view
-        return view
-
     def show(self) -> BatchView:
         """Make and display the live table (once), with the events so far."""
         if self.view is None:
-            show(self._make())  # under a display id: finish() sends the output again, with the final snapshot
-        assert self.view is not None
+            with self._lock:
+                early, self._early = self._early, []
+            view = BatchView(self.title, self.arguments, interval=self.interval, t_begin=self._t_begin, early=early)
+            with self._lock:  # from here on the programs feed the view
+                view.take(self._early)
+                self._early = []
+                self.view = view
+            show(view)  # under a display id: finish() sends the output again, with the final snapshot
         return self.view
 
-    def finish(self, states: list[Any]) -> BatchView:
-        """The batch is over (see BatchView.finish); a table not shown yet opens finished and is displayed."""
+    def finish(self, states: list[Any]) -> BatchView | BatchSnapshot:
+        """The batch is over: the live table takes the final states (see BatchView.finish); a table not shown yet
+        is displayed once, as a BatchSnapshot."""
         if self.view is not None:
             self.view.finish(states)
             return self.view
-        view = self._make(states)
-        show(view)
-        return view
+        with self._lock:
+            early, self._early = self._early, []
+        batch = BatchRows(self.arguments, self._t_begin)
+        batch.add(early)
+        batch.finish(states)
+        snapshot = BatchSnapshot(self.title, batch)
+        show(snapshot)
+        return snapshot

@@ -35,11 +35,24 @@ _kept: weakref.WeakKeyDictionary[Any, tuple[Callable[[Any], Any], Callable[[Any]
 _hooked: set[int] = set()  # ids of the shells whose post_run_cell calls `after_cell`
 
 
+def _bundle(view: Any) -> tuple[dict, dict] | None:
+    """The view's output (data, metadata) from its own `_repr_mimebundle_`: published as it is, without IPython's
+    formatters asking the view for each of their ten types in turn (a run_batch's table pays this on the cell's
+    thread, after its batch). None when the view has no such output (a closed widget)."""
+    bundle = view._repr_mimebundle_() if hasattr(view, "_repr_mimebundle_") else None
+    if bundle is None:
+        return None
+    return bundle if isinstance(bundle, tuple) else (bundle, {})
+
+
 def show(view: Any) -> None:
     """Display `view` in IPython under a new display id, kept on the view for `refresh`."""
     from IPython.display import display
 
-    setattr(view, _HANDLE, display(view, display_id=True))
+    bundle = _bundle(view)
+    handle = display(view, display_id=True) if bundle is None else \
+        display(bundle[0], metadata=bundle[1], raw=True, display_id=True)
+    setattr(view, _HANDLE, handle)
 
 
 def refresh(view: Any) -> bool:
@@ -50,7 +63,11 @@ def refresh(view: Any) -> bool:
     handle = getattr(view, _HANDLE, None)
     if handle is None:
         return False
-    handle.update(view)
+    bundle = _bundle(view)
+    if bundle is None:
+        handle.update(view)
+    else:
+        handle.update(bundle[0], metadata=bundle[1], raw=True)
     return True
 
 

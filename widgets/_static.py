@@ -66,11 +66,13 @@ def _image(url: Any, height: int, alt: str) -> str:
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], style: str = "", align: str = "") -> str:
     """A table of already escaped cells; `align` has one letter per column, l or r (default: the first column
     left, the others right)."""
+    width = max([len(head), *map(len, rows)])
+    sides = ["left" if (align[i] if i < len(align) else "lr"[i > 0]) == "l" else "right" for i in range(width)]
+    opening = {tag: [f'<{tag} style="{_CELL}; text-align: {side}">' for side in sides] for tag in ("th", "td")}
+
     def row(cells: Sequence[str], tag: str) -> str:
-        sides = [("left" if (align[i] if i < len(align) else "lr"[i > 0]) == "l" else "right")
-                 for i in range(len(cells))]
-        return "<tr>" + "".join(f'<{tag} style="{_CELL}; text-align: {side}">{c}</{tag}>'
-                                for c, side in zip(cells, sides)) + "</tr>"
+        close = f"</{tag}>"
+        return "<tr>" + "".join(o + c + close for o, c in zip(opening[tag], cells)) + "</tr>"
 
     # margin-left: 0: JupyterLab's rendered HTML centres tables that say nothing of their margins
     return (f'<table style="border-collapse: collapse; font-size: 11px; margin-left: 0; {style}">'
@@ -408,8 +410,11 @@ def batch_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, A
         cells = [f"<code>{_e(v.get(c, ''))}</code>" if v.get(c) else "" for v, c in zip(values, columns)]
         gens = f"{r.get('gens_done', 0)}/{r['gens']}" if r.get("gens") else ""
         body.append([_e(r.get("i")), cell, *cells, _e(gens), _e(r.get("tokens") or ""), _num(r.get("elapsed"), 2 if (r.get("elapsed") or 0) < 10 else 1)])
-    table = _table(["#", "status", *columns, "gens", "tokens", "s"], body, "margin-top: 3px",
-                   align="rl" + "l" * len(columns) + "rrr") if body else ""
+    table = _table(["#", "status", *columns, "gens", "tokens", "s"], body, align="rl" + "l" * len(columns) + "rrr")
+    if body:  # a box of the live table's height (batch_view.js) that scrolls, not a page of rows
+        table = f'<div style="max-height: 340px; overflow: auto; margin-top: 3px">{table}</div>'
+    else:
+        table = ""
     more = 0 if queued else int(s.get("total") or 0) - len(rows)
     note = (f'<div style="{_MUTED}">... {more} more program{"" if more == 1 else "s"} (counted above, not '
             "listed)</div>" if more > 0 else "")

@@ -314,12 +314,14 @@ def test_batch_view_table(browser, runtime, monkeypatch):
     import importlib
 
     import IPython
-    import IPython.display
+
+    from sgnb.widgets import _batch_view
 
     importlib.import_module("sgnb.function")
     shown: list = []
     monkeypatch.setattr(IPython, "get_ipython", lambda: type("Kernel", (), {"kernel": object()})())
-    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    monkeypatch.setattr(_batch_view, "show", shown.append)
+    monkeypatch.setattr(_batch_view.BatchTable, "delay", 0.0)  # the live table, whatever the batch's length
 
     @sgl.function
     def qa(s, topic):

@@ -640,10 +640,13 @@ def test_a_batch_streams_into_a_program_view_at_a_batchs_pace(runtime):
 def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch, delay):
     """run_batch under a kernel with a frontend displays a BatchView (one row per program, in batch order: its
     arguments, variables, status, progress); a failing program reads "error"; elsewhere nothing is displayed.
-    A batch still running after BatchTable.delay gets its table then (live); one that ended sooner gets it when
-    it ends, finished."""
+    A batch still running after BatchTable.delay gets its table then (a live BatchView); one that ended sooner
+    gets its final table when it ends (a BatchSnapshot: static HTML, no widget)."""
     import IPython
-    import IPython.display
+
+    from sgnb.widgets import _batch_view
+    from sgnb.widgets._batch_view import BatchSnapshot
+    from sgnb.widgets._ticker import BATCH_INTERVAL
 
     function = importlib.import_module("sgnb.function")  # (`sgnb.function` the attribute is the decorator)
 
@@ -660,17 +663,23 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch, delay)
     monkeypatch.setattr(BatchTable, "delay", delay)
     monkeypatch.setattr(IPython, "get_ipython", lambda: type("Kernel", (), {"kernel": object()})())
 
-    def display(*objs, **kw):
-        shown.extend(objs)
-        finished_when_shown.extend(o._t_end is not None for o in objs)
+    def record(view):
+        shown.append(view)
+        finished_when_shown.append(isinstance(view, BatchSnapshot) or view._t_end is not None)
 
-    monkeypatch.setattr(IPython.display, "display", display)
+    monkeypatch.setattr(_batch_view, "show", record)
     questions = ["one?", "two?", "boom", "four?"]
     states = qa.run_batch([{"q": q} for q in questions], backend=runtime, progress_bar=True)
     (view,) = shown
-    assert isinstance(view, BatchView)
+    assert isinstance(view, BatchView if delay == 0 else BatchSnapshot)
     assert finished_when_shown == [delay > 0]  # (the live one is shown before finish(), whatever the timing)
-    view.flush()
+    if isinstance(view, BatchView):
+        view.flush()
+    else:  # its output: the table as HTML, a row per program, and a short text form
+        data, _ = view._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" not in data
+        assert data["text/html"].count("<tr>") == 1 + len(questions) and "boom" in data["text/html"]
+        assert data["text/plain"] == "<BatchSnapshot 'qa': 3/4 done, 0 running, 1 failed>"
     assert view.columns == ["q", "a", "sure"]
     assert [r["arguments"]["q"] for r in view.rows] == [repr(q) for q in questions]
     assert [r["status"] for r in view.rows] == ["done", "done", "error", "done"]
@@ -682,7 +691,7 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch, delay)
     assert "boom" in view.rows[2]["error"]
     assert view.summary["total"] == 4 and view.summary["done"] == 3 and view.summary["error"] == 1
     # the table's gens stream at its refresh pace (a program's thread wakes no more often than the table syncs)
-    assert {st.executor.stream_interval_s for st in states} == {view.interval} and view.interval >= 0.25
+    assert {st.executor.stream_interval_s for st in states} == {BATCH_INTERVAL} and BATCH_INTERVAL >= 0.25
     shown.clear()
     qa.run_batch([{"q": "x"}], backend=runtime, subscribers=[lambda e: None])  # a caller's own view: no table
     assert shown == []
