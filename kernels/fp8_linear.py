@@ -5,13 +5,14 @@ per output channel (a per-tensor scale is stored this way too, repeated), G = cd
 per row (a checkpoint's 128x128 block scales, each block's scale repeated over its 128 rows). One form covers
 every checkpoint scheme, and fused q/k/v or gate/up weights are their parts' rows stacked, scales included.
 
-On CUDA, up to `GEMV_MAX_M` rows (a decode step at small batch) every layer runs the small-M Triton kernel: a
-weight stream along K reduced in registers, no tensor-core tile. Above that a layer with per-channel scales runs
-`torch._scaled_mm` (cuBLASLt FP8 GEMM) on the activations quantized per token at run time (dynamic per-token
-scales, rowwise scaling of both operands), and grouped scales run our tiled Triton kernel. Both Triton kernels
-multiply the activations in their own dtype by the e4m3 weights converted in registers, applying each group's
-scale to its partial sum: they read 1 byte per weight, like _scaled_mm, with no activation rounding. Elsewhere
-(CPU: the tests' engine) `fp8_linear_ref`: dequantize, then matmul.
+On CUDA, at a decode step's one or two rows a layer with per-channel scales runs the small-M Triton kernel: a
+weight stream along K reduced in registers, no tensor-core tile. Above that it runs our tiled Triton kernel
+(wide layers, up to `Fp8Linear.triton_max_m` rows) or `torch._scaled_mm` (cuBLASLt FP8 GEMM) on
+the activations quantized per token at run time (dynamic per-token scales, rowwise scaling of both operands).
+Grouped scales always run the tiled kernel. Both Triton kernels multiply the activations in their own dtype by
+the e4m3 weights converted in registers, applying each group's scale to its partial sum: they read 1 byte per
+weight, like _scaled_mm, with no activation rounding. Elsewhere (CPU: the tests' engine) `fp8_linear_ref`:
+dequantize, then matmul.
 """
 
 from __future__ import annotations
@@ -167,69 +168,58 @@ def _fp8_linear_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tenso
 
 # ---- the small-M (decode) kernel -----------------------------------------------------------------------------
 @jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                     GROUPED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     CHUNK: tl.constexpr):
-    # y[m, n] = sum_k x[m, k] * q[n, k] * s[n, k // 128] for M <= BLOCK_M (a decode step's few rows). A program
-    # streams BLOCK_N weight rows along K, where they are contiguous (16-byte loads of 16 e4m3 values), and
-    # reduces x * w over K in float32 registers: a weight read with no tensor-core tile to fill, which at one
-    # row is what the time is. Grouped scales: CHUNK = 128, and each chunk's partial sum takes its own scale
-    # (else CHUNK = BLOCK_K).
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # y[m, n] = s[n] * sum_k x[m, k] * q[n, k] for M <= BLOCK_M (a decode step's row or two), per-channel scales.
+    # A program streams BLOCK_N weight rows along K, where they are contiguous (16-byte loads of 16 e4m3 values),
+    # and reduces x * w over K in float32 registers: a weight read with no tensor-core tile to fill, which at one
+    # row is what the time is.
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_c = tl.arange(0, CHUNK)
+    offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     m_ok = offs_m < M
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # (BN, 1)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # (BM, 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        for j in tl.static_range(BLOCK_K // CHUNK):
-            k = k0 + j * CHUNK + offs_c
-            k_ok = k < K
-            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            part = tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (BM, BN)
-            if GROUPED:
-                sc = tl.load(s_ptr + offs_n * stride_sn + (k0 + j * CHUNK) // 128, mask=n_ok, other=0.0)
-                acc += part * sc[None, :]
-            else:
-                acc += part
-    if not GROUPED:
-        acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_ok, other=0.0)[None, :]
+        k = k0 + offs_k
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BN, BK)
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BM, BK)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (BM, BN)
+    acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) by BLOCK_M: see GEMV_CONFIGS' note in `_fp8_gemv_triton`
-GEMV_CONFIGS: dict[int, tuple[int, int, int, int]] = {1: (8, 512, 4, 3), 2: (8, 512, 4, 3), 4: (8, 256, 4, 3)}
-GEMV_MAX_M = max(GEMV_CONFIGS)  # rows up to which Fp8Linear takes the small-M kernel on CUDA
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) by BLOCK_M, from `bench_moe_fp8.py --parts gemv` on an H100
+# (2026-12-06, benchmarks/results/2026-12-06-gpu-fp8-gemv.json: the tile with the least geometric-mean time over
+# the decode linears of Llama-2-7B and Qwen3-8B, weights read from HBM). At 4 rows this kernel is the slowest FP8
+# path on every shape (1.3-2.7x the best other), hence GEMV_MAX_M = 2; Fp8Linear says where it runs below that.
+GEMV_CONFIGS: dict[int, tuple[int, int, int, int]] = {1: (8, 1024, 4, 4), 2: (8, 1024, 4, 4)}
+GEMV_MAX_M = max(GEMV_CONFIGS)  # rows up to which Fp8Linear's per-channel layers take the small-M kernel on CUDA
 
 
 def _fp8_gemv_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor,
                      config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """x (M, K) @ dequantized q^T for M <= GEMV_MAX_M: the small-M kernel, activations in their own dtype.
-    `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) overrides GEMV_CONFIGS (the tuning benchmark's sweep:
-    benchmarks/bench_moe_fp8.py --parts gemv)."""
+    """x (M, K) @ (q * scale)^T with per-channel scales (N, 1), for M <= GEMV_MAX_M: the small-M kernel,
+    activations in their own dtype. `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) overrides GEMV_CONFIGS
+    (the tuning benchmark's sweep, at any M)."""
     assert triton is not None
     M, K = x.shape
     N = q.shape[0]
     assert q.shape == (N, K) and q.dtype == FP8 and q.stride(1) == 1 and x.stride(1) == 1, (q.shape, x.shape)
-    G = scale_rows.shape[1]
-    assert scale_rows.shape == (N, G) and G in (1, cdiv(K, GROUP)) and scale_rows.dtype == torch.float32
+    assert scale_rows.shape == (N, 1) and scale_rows.dtype == torch.float32 and scale_rows.is_contiguous()
     block_m = next_pow2(M)
     assert block_m <= GEMV_MAX_M or config is not None, M
     block_n, block_k, warps, stages = config or GEMV_CONFIGS[block_m]
-    if G > 1:
-        block_k = max(block_k, GROUP)  # whole 128-column groups per step
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M:
-        _fp8_gemv_kernel[(cdiv(N, block_n),)](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0),
-                                               scale_rows.stride(0), y.stride(0), GROUPED=G > 1, BLOCK_M=block_m,
-                                               BLOCK_N=block_n, BLOCK_K=block_k,
-                                               CHUNK=GROUP if G > 1 else block_k, num_warps=warps,
-                                               num_stages=stages)
+        _fp8_gemv_kernel[(cdiv(N, block_n),)](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0), y.stride(0),
+                                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                               num_warps=warps, num_stages=stages)
     return y
 
 
@@ -243,8 +233,16 @@ class Fp8Linear(nn.Module):
     """A drop-in for nn.Linear with e4m3 weights `weight` (N, K) and float32 scales `weight_scale` (N, 1) or
     (N, cdiv(K, 128)); an optional bias in the activations' dtype. Input and output keep the caller's dtype."""
 
-    gemv_max_m = GEMV_MAX_M  # rows up to which every layer runs the small-M kernel (decode at small batch)
-    triton_max_m = 0  # above that, per-channel layers run our tiled Triton kernel up to this many rows, _scaled_mm above
+    # Which kernel a per-channel layer runs, by rows M (the H100 sweep of 2026-12-06, weights read from HBM):
+    # - M <= gemv_max_m: the small-M kernel (at one row 0.57-1.0x the tiled kernel's time and 0.63-0.87x
+    #   _scaled_mm's on every decode linear measured). A wide layer (N >= WIDE) takes it at one row only: at two,
+    #   the tiled kernel is faster there (0.76-0.81x), the small-M kernel on narrow ones (0.77-0.81x the best other).
+    # - a wide layer up to triton_max_m rows: the tiled kernel (0.85x _scaled_mm at 8 rows; on narrow layers one
+    #   program per 16-64 columns leaves SMs idle and it loses, 1.11-1.15x).
+    # - else _scaled_mm. Grouped scales always run the tiled kernel.
+    gemv_max_m = GEMV_MAX_M
+    triton_max_m = 16
+    WIDE = 8192
 
     def __init__(self, q: torch.Tensor, scale_rows: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -266,13 +264,14 @@ class Fp8Linear(nn.Module):
         q, s = self.weight, self.weight_scale
         if use_triton(x2):
             x2 = x2.contiguous()
+            m, wide = x2.shape[0], self.out_features >= self.WIDE
             aligned = self.in_features % 16 == 0 and self.out_features % 16 == 0
-            if x2.shape[0] <= self.gemv_max_m:
-                y = _fp8_gemv_triton(x2, q, s)
-            elif s.shape[1] == 1 and aligned and x2.shape[0] > self.triton_max_m:
-                y = _fp8_linear_scaled_mm(x2, q, s)
-            else:
+            if s.shape[1] > 1 or not aligned or (wide and 1 < m <= self.triton_max_m):
                 y = _fp8_linear_triton(x2, q, s)
+            elif m <= (min(1, self.gemv_max_m) if wide else self.gemv_max_m):
+                y = _fp8_gemv_triton(x2, q, s)
+            else:
+                y = _fp8_linear_scaled_mm(x2, q, s)
         else:
             y = fp8_linear_ref(x2, q, s)
         if self.bias is not None:
