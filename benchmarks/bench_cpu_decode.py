@@ -93,8 +93,6 @@ def _weight_bytes(model) -> int:
         if isinstance(module, QuantLinear):
             for t in module.packed_tensors():
                 total += t.numel() * t.element_size()
-            if module.mode == "bf16":
-                total += module.weight_dense.numel() * 2
             seen.update(id(p) for p in module.parameters())
     for name, p in model.named_parameters():
         if id(p) not in seen and "embed_tokens" not in name:

@@ -158,6 +158,7 @@ class PrefillRounds:
             batched = self._prompt_logprobs(spans, hidden)
         except Exception:
             batched = None  # each request works out its own below: a failure then fails that request alone
+        t0 = self._phase("logprobs", t0)
         to_sample: list[Req] = []
         rows: list[int] = []
         offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))

@@ -58,9 +58,11 @@ def describe_forward(spec: BatchSpec) -> str:
 # admit: picking the prefill batch; build: its inputs (ids, slots, groups); forward: the model's launch (on a GPU
 # the kernels run asynchronously after it); sample: LM head, grammar masks, sampling, the tokens to the host
 # (on a GPU this waits for the forward); advance: appending tokens, finish checks, detokenizing, callbacks;
-# jump_forward: the part of advance spent on jump-forward; cache: prefill bookkeeping (prompt logprobs, the
-# tree's share of a computed chunk); idle: waiting for requests (the inbox) or for room
-PHASES = ("admit", "build", "forward", "sample", "advance", "jump_forward", "cache", "idle")
+# jump_forward: the part of advance spent on jump-forward; logprobs: a prefill's prompt logprobs (a select's
+# scores: the LM head on the prompt's rows, log_softmax, top-k, and their copy to the host, which on a GPU waits
+# for the forward); cache: the rest of a prefill's bookkeeping (the tree's share of a computed chunk, adopting a
+# lender's prefix); idle: waiting for requests (the inbox) or for room
+PHASES = ("admit", "build", "forward", "sample", "advance", "jump_forward", "logprobs", "cache", "idle")
 
 
 @dataclass

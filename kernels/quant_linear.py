@@ -10,7 +10,9 @@ at 2-16 rows (AVX2 EPYC, 2026-12-01), so with it a layer keeps the packed path u
 
 The dense copy is bf16 where the CPU multiplies bf16 natively (AVX512_BF16 / AMX) and float32 elsewhere: on
 the AVX2 EPYC a bf16 GEMM converts every element and ran 4-9x slower than float32 at 16-256 rows (960 x 576 at
-256 rows: 24.5 ms vs 2.7 ms).
+256 rows: 24.5 ms vs 2.7 ms). That holds for "bf16" layers too (a head that no lossless form holds: a checkpoint's
+own weights): bf16 weights up to BF16_SMALL_M rows, their exact float32 copy above, one bf16 copy where the CPU
+multiplies bf16 natively.
 
 Why both: on a CPU a decode step is bound by the bytes of weights it reads (fp32 SmolLM2-135M: 540 MB per step),
 and packed weights read 4x / 8x fewer, but many rows sharing the weights (prefill) are compute-bound, where a
@@ -35,6 +37,10 @@ SMALL_M = 8  # rows up to which torch's packed kernels beat a dense GEMM (measur
 # rows up to which our kernels run a layer called on its own (the module path); the one-call forward
 # (native.decode_layers) runs them up to native.MAX_ROWS, where no per-layer Python is left to save
 NATIVE_SMALL_M = 16
+# rows up to which a "bf16" layer multiplies its bf16 weights on a CPU without native bf16, and its float32 copy
+# above: on the AVX2 EPYC a bf16 GEMM ran row by row (a 49152 x 576 head: 3.4 ms at 1 row, 51 ms at 16, 798 ms at
+# 256) while float32 took 9 / 24 / 138 ms, crossing near 4-8 rows (2026-12-06)
+BF16_SMALL_M = 4
 MODES = ("int8", "int4", "q8", "bf16")
 LOSSLESS_INT4 = 1e-4  # relative error under which int4 groups reproduce a weight (weights from a Q4 GGUF)
 
@@ -105,9 +111,13 @@ class QuantLinear(nn.Module):
         dense = dense_dtype()
         # our kernel and its weights, where it runs this mode
         self._native: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
-        if mode == "bf16":  # bf16 weights at every size (half the bytes of fp32, no quantization grid)
-            self.small_m = 0
-            self.weight_dense = w.to(torch.bfloat16).contiguous()
+        if mode == "bf16":  # bf16 weights (half the bytes of fp32, no quantization grid)
+            self.weight_bf16 = w.to(torch.bfloat16).contiguous()
+            if dense == torch.bfloat16:  # one copy serves every size
+                self.small_m, self.weight_dense = 0, self.weight_bf16
+            else:  # no native bf16: a bf16 GEMM costs ~3.4 ms a row here; the same weights in float32 above
+                self.small_m = BF16_SMALL_M if small_m is None else small_m
+                self.weight_dense = self.weight_bf16.float()
             return
         if mode == "q8":
             q8, d8 = native.quantize_q8(w)
@@ -138,12 +148,16 @@ class QuantLinear(nn.Module):
         """The tensors the packed path reads (for byte counts)."""
         if self._native is not None:
             return list(self._native[1])
+        if self.mode == "bf16":
+            return [self.weight_bf16]
         return [t for t in (getattr(self, a, None) for a in ("_w8", "_s8", "_w4", "_sz4")) if t is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (M, K)
         if x2.shape[0] > self.small_m:
             y = nn.functional.linear(x2.to(self.weight_dense.dtype), self.weight_dense)
+        elif self.mode == "bf16":
+            y = nn.functional.linear(x2.to(torch.bfloat16), self.weight_bf16)
         elif self._native is not None:
             y = self._native[0](x2.float().contiguous(), *self._native[1])
         elif self.mode == "int8":

@@ -65,6 +65,30 @@ def test_layer_equals_reference_and_stays_close_to_fp32(mode, bias, m):
     assert rel < (0.02 if mode == "int8" else 0.12), rel
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["avx2", "native-bf16"])
+def test_bf16_layer_takes_float32_for_many_rows_without_native_bf16(monkeypatch, native):
+    """A "bf16" layer (a head no lossless form holds) multiplies its bf16 weights; where the CPU has no native bf16
+    (a bf16 GEMM runs row by row there) it takes their exact float32 copy above BF16_SMALL_M rows; both equal the
+    bf16-rounded weight's product, whichever path a row count takes."""
+    from sgnb.kernels import quant_linear as ql
+
+    monkeypatch.setattr(ql, "native_bf16", lambda: native)
+    lin = _linear(96, 64, False, seed=7)
+    layer = QuantLinear(lin, "bf16")
+    w16 = lin.weight.detach().to(torch.bfloat16)
+    assert torch.equal(layer.weight_bf16, w16)
+    if native:
+        assert layer.small_m == 0 and layer.weight_dense is layer.weight_bf16
+    else:
+        assert layer.small_m == ql.BF16_SMALL_M and layer.weight_dense.dtype == torch.float32
+        assert torch.equal(layer.weight_dense, w16.float())  # the same weights, exactly
+    for m in (1, ql.BF16_SMALL_M, ql.BF16_SMALL_M + 1, 40):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
+        want = x.to(torch.bfloat16).float() @ w16.float().t()  # bf16 activations on the bf16 path
+        tol = 2e-2 if native or m <= layer.small_m else 1e-5
+        torch.testing.assert_close(layer(x), x @ w16.float().t() if tol == 1e-5 else want, atol=tol, rtol=tol)
+
+
 def test_quantize_linears_replaces_named_layers_and_keeps_a_tied_embedding():
     class Tiny(nn.Module):
         def __init__(self) -> None:
