@@ -2,7 +2,7 @@
 programs' events.
 
 `run_batch` shows one in a notebook (an IPython kernel with a frontend) when the caller passed no subscribers
-of its own, through a `BatchTable`: a batch still running after `BATCH_INTERVAL` seconds gets a live BatchView
+of its own, through a `BatchTable`: a batch still running after `BatchTable.delay` (1 s) gets a live BatchView
 then, which updates until the batch ends; a batch that ends sooner gets a BatchSnapshot when it ends, its final
 table as static HTML. Both draw from one `BatchRows`. Like ProgramView's, the view's callbacks only append to a
 buffer; a Ticker thread folds it into the rows and syncs them at <= 4 Hz, one message per flush; the rows live in
