@@ -217,10 +217,6 @@ class BatchView(anywidget.AnyWidget):
             self._send_rows()
         refresh(self)  # the output's static snapshot: the finished batch (when `show` displayed the view)
 
-    @property
-    def _t_end(self) -> float | None:
-        return self._batch.t_end
-
     def close(self) -> None:
         self._ticker.stop()
         super().close()

@@ -665,7 +665,7 @@ def test_run_batch_shows_a_batch_view_in_a_notebook(runtime, monkeypatch, delay)
 
     def record(view):
         shown.append(view)
-        finished_when_shown.append(isinstance(view, BatchSnapshot) or view._t_end is not None)
+        finished_when_shown.append(isinstance(view, BatchSnapshot) or view._batch.t_end is not None)
 
     monkeypatch.setattr(_batch_view, "show", record)
     questions = ["one?", "two?", "boom", "four?"]
