@@ -273,10 +273,10 @@ class BatchTable:
     """What `run_batch` feeds in a notebook: the programs' events, kept (with their arrival times) until a
     BatchView exists to take them. `show()` makes and displays the live view; run_batch calls it once the batch
     has run `delay` seconds, so a long batch gets a live table early. A batch that ends sooner gets a
-    BatchSnapshot when it ends: its final table as static HTML, displayed once, with no widget (a widget's
-    opening, its layout model, display and final sync cost the cell's thread ~3 ms on the GPU host after every
-    such batch: 1.8% of a 0.18 s batch of 64 programs, benchmarks/bench_views.py). Call `show` and `finish` on
-    the cell's thread."""
+    BatchSnapshot when it ends: its final table as static HTML, displayed once, with no widget (on the GPU host
+    the cell's thread spends ~2.8 ms on it after a 64-program batch, where a live table's opening, layout model,
+    display and final sync took ~7.5 ms: benchmarks/bench_views.py, results of 2026-12-06). Call `show` and
+    `finish` on the cell's thread."""
 
     # seconds a batch runs before its live table shows. A live table costs the cell's thread ~7.5 ms (made and
     # displayed, then its final sync and snapshot: GPU host, 64 rows), so the delay bounds its share of any batch
