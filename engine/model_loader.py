@@ -11,7 +11,9 @@ Accepted forms:
 A converted GGUF becomes an HF-format directory (config.json, float32 model.safetensors with HF tensor
 names, tokenizer.json, tokenizer_config.json) under the cache dir, written to a temporary directory and
 renamed into place, so a crash never leaves a half-written cache. Later loads read that directory and
-import neither gguf nor transformers. This module is the one place that reads $SGNB_CACHE_DIR.
+import neither gguf nor transformers. The cache dir also keeps the CPU engine's quantized linears of a model
+(`quantized/`: quantized_weights_cache), so a second load does not quantize again. This module is the one place
+that reads $SGNB_CACHE_DIR.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -162,6 +165,23 @@ def _cache_root(cache_dir: str | Path | None) -> Path:
         return Path(cache_dir).expanduser()
     env = os.environ.get("SGNB_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "sgnb" / "models"
+
+
+def quantized_weights_cache(source: ModelSource, *options: object) -> Path | None:
+    """The file that caches `source`'s linears quantized under `options` (kernels/quant_linear.py
+    quantize_linears): `quantized/<name>-<key>.safetensors` in the cache dir, the key a hash of the weight files'
+    paths, sizes and mtimes (a changed checkpoint gets a new file), the options and the cache's format. None for
+    a dummy model (its random weights are made at load)."""
+    from sgnb.kernels.quant_linear import CACHE_FORMAT, LOSSLESS_INT4
+
+    if source.dummy or source.path is None:
+        return None
+    files = sorted(p for p in source.path.iterdir() if p.suffix in (".safetensors", ".json"))
+    ident = json.dumps([CACHE_FORMAT, LOSSLESS_INT4, str(source.path.resolve()),
+                        [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files], options], default=str)
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", source.name).strip("-.") or "model"
+    return _cache_root(None) / "quantized" / f"{name}-{key}.safetensors"
 
 
 def _gguf_cache_key(gguf_path: Path) -> str:

@@ -27,10 +27,14 @@ The torch reference (`quant_linear_ref`) dequantizes explicitly; the layer must 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
+
+log = logging.getLogger("sgnb.kernels")
 
 INT4_GROUP = 32
 SMALL_M = 8  # rows up to which torch's packed kernels beat a dense GEMM (measured crossover ~8-16)
@@ -87,6 +91,38 @@ def dense_dtype() -> torch.dtype:
     return torch.bfloat16 if native_bf16() else torch.float32
 
 
+def quantize_weight(w: torch.Tensor, mode: str,
+                    int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The stored form of weight `w` (N, K) in `mode`: the tensors QuantLinear runs on and the dense copy is
+    rebuilt from (what the quantized-weights cache holds). "bf16": weight_bf16; "q8": q8, d8; "int8": q, scale;
+    "int4": q4, d4, m4 (our kernel's packing) where kernels/native.py runs, else q (uint8 codes), scale, zero.
+    `int4`: quantize_int4(w) when the caller has it already."""
+    from sgnb.kernels import native
+
+    if mode == "bf16":
+        return {"weight_bf16": w.to(torch.bfloat16).contiguous()}
+    if mode == "q8":
+        q8, d8 = native.quantize_q8(w)
+        return {"q8": q8, "d8": d8}
+    if mode == "int8":
+        q, scale = quantize_int8(w)
+        return {"q": q, "scale": scale}
+    q, scale, zero = quantize_int4(w) if int4 is None else int4
+    if native.available():
+        q4, d4, m4 = native.pack_q4(q, scale, zero - 8.0 * scale)
+        return {"q4": q4, "d4": d4, "m4": m4}
+    return {"q": q.to(torch.uint8), "scale": scale, "zero": zero}
+
+
+def stored_shape(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(out_features, in_features) of a stored weight (quantize_weight's form)."""
+    if "q4" in stored:
+        return stored["q4"].shape[0], stored["q4"].shape[1] * 2
+    w = stored.get("weight_bf16", stored.get("q8", stored.get("q")))
+    assert w is not None, sorted(stored)
+    return w.shape[0], w.shape[1]
+
+
 def quant_linear_ref(x: torch.Tensor, mode: str, packed: dict[str, torch.Tensor],
                      bias: torch.Tensor | None) -> torch.Tensor:
     """What QuantLinear computes for a small batch: bf16 activations times the dequantized weight, fp32 out."""
@@ -97,22 +133,28 @@ def quant_linear_ref(x: torch.Tensor, mode: str, packed: dict[str, torch.Tensor]
 class QuantLinear(nn.Module):
     """A drop-in for nn.Linear (weights (N, K)): packed int8/int4/q8 weights for <= small_m rows, a dense copy of
     the same weights above (`weight_dense`, dtype `dense_dtype()`). Input and output keep the caller's dtype
-    (fp32 on CPU)."""
+    (fp32 on CPU). Built from a linear (`QuantLinear(linear, mode)`) or from the stored form `quantize_weight`
+    made (`QuantLinear.from_stored`: what the quantized-weights cache holds)."""
 
-    def __init__(self, linear: nn.Linear, mode: str, small_m: int | None = None) -> None:
+    def __init__(self, linear: nn.Linear | None, mode: str, small_m: int | None = None,
+                 stored: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         assert mode in MODES, mode
         from sgnb.kernels import native
 
-        w = linear.weight.detach()
+        if linear is not None:
+            stored = quantize_weight(linear.weight.detach(), mode)
+            if linear.bias is not None:
+                stored["bias"] = linear.bias.detach().float()
+        assert stored is not None, "QuantLinear needs a linear or its stored form"
         self.mode = mode
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.out_features, self.in_features = stored_shape(stored)
+        self.bias = None if stored.get("bias") is None else nn.Parameter(stored["bias"].float(), requires_grad=False)
         dense = dense_dtype()
         # our kernel and its weights, where it runs this mode
         self._native: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
         if mode == "bf16":  # bf16 weights (half the bytes of fp32, no quantization grid)
-            self.weight_bf16 = w.to(torch.bfloat16).contiguous()
+            self.weight_bf16 = stored["weight_bf16"].contiguous()
             if dense == torch.bfloat16:  # one copy serves every size
                 self.small_m, self.weight_dense = 0, self.weight_bf16
             else:  # no native bf16: a bf16 GEMM costs ~3.4 ms a row here; the same weights in float32 above
@@ -120,29 +162,32 @@ class QuantLinear(nn.Module):
                 self.weight_dense = self.weight_bf16.float()
             return
         if mode == "q8":
-            q8, d8 = native.quantize_q8(w)
+            q8, d8 = stored["q8"], stored["d8"]
             self._native = (native.q8_gemv, (q8, d8))
             weight = native.dequantize_q8(q8, d8)
         elif mode == "int8":
-            q, scale = quantize_int8(w)
+            q, scale = stored["q"], stored["scale"]
             self._w8, self._s8 = q, scale.to(torch.bfloat16)
             weight = dequantize(mode, {"q": q, "scale": scale})
+        elif "q4" in stored:  # our kernel's form: w = q * d + m per block, d and m in float16
+            packed = (stored["q4"], stored["d4"], stored["m4"])
+            self._native = (native.q4_gemv, packed)
+            weight = native.unpack_q4(*packed)
         else:
-            q, scale, zero = quantize_int4(w)
-            if native.available():  # w = q * d + m per block, d and m in float16
-                packed = native.pack_q4(q, scale, zero - 8.0 * scale)
-                self._native = (native.q4_gemv, packed)
-                weight = native.unpack_q4(*packed)
-            else:
-                self._w4 = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-                self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
-                weight = dequantize(mode, {"q": q, "scale": scale, "zero": zero})
+            q, scale, zero = stored["q"].to(torch.int32), stored["scale"], stored["zero"]
+            self._w4 = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+            self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
+            weight = dequantize(mode, {"q": q, "scale": scale, "zero": zero})
         if small_m is None:
             small_m = NATIVE_SMALL_M if self._native is not None else SMALL_M
         self.small_m = small_m
         # the large-batch path multiplies by the SAME quantized weights (dequantized): a request's logits then
         # differ between batch sizes by rounding only, not by quantization error
         self.weight_dense = weight.to(dense).contiguous()  # (N, K)
+
+    @classmethod
+    def from_stored(cls, mode: str, stored: dict[str, torch.Tensor], small_m: int | None = None) -> QuantLinear:
+        return cls(None, mode, small_m, stored)
 
     def packed_tensors(self) -> list[torch.Tensor]:
         """The tensors the packed path reads (for byte counts)."""
@@ -178,11 +223,16 @@ class QuantLinear(nn.Module):
 def int4_is_lossless(w: torch.Tensor) -> bool:
     """Whether int4 groups reproduce `w` (relative error < LOSSLESS_INT4): true of weights that came from a
     4-bit GGUF (Q4_0 / Q4_1 dequantized), such as the default model's linears."""
+    return _lossless_int4(w) is not None
+
+
+def _lossless_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """quantize_int4(w) where it reproduces `w` (int4_is_lossless), else None."""
     if w.shape[1] % INT4_GROUP:
-        return False
+        return None
     q, scale, zero = quantize_int4(w)
     back = dequantize("int4", {"q": q, "scale": scale, "zero": zero})
-    return bool((back - w.float()).norm() <= LOSSLESS_INT4 * w.float().norm())
+    return (q, scale, zero) if (back - w.float()).norm() <= LOSSLESS_INT4 * w.float().norm() else None
 
 
 def q8_is_lossless(w: torch.Tensor) -> bool:
@@ -199,32 +249,117 @@ def choose_mode(w: torch.Tensor, requested: str, head: bool) -> str:
     """The mode for one weight. "auto": int4 where int4 is lossless; for the head, q8 where that is lossless and
     our kernel built (kernels/native.py), else bf16 (its logits are large: a 1% weight error, int8's per-row
     grid, moves logprobs by ~0.2); int8 for other layers."""
+    return _choose(w, requested, head)[0]
+
+
+def _choose(w: torch.Tensor, requested: str, head: bool) -> tuple[str, dict[str, torch.Tensor] | None]:
+    """choose_mode's answer, and the stored weight when the choice made it already (a lossless int4 check
+    quantizes the weight: it is not quantized twice)."""
     if requested == "auto":
-        if int4_is_lossless(w):
-            return "int4"
+        int4 = _lossless_int4(w)
+        if int4 is not None:
+            return "int4", quantize_weight(w, "int4", int4)
         if head:
             from sgnb.kernels import native
 
-            return "q8" if native.available() and q8_is_lossless(w) else "bf16"
-        return "int8"
+            return ("q8" if native.available() and q8_is_lossless(w) else "bf16"), None
+        return "int8", None
     if requested == "int4" and w.shape[1] % INT4_GROUP:
-        return "int8"
-    return requested
+        return "int8", None
+    return requested, None
 
 
 def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
-                     small_m: int | None = None) -> dict[str, int]:
+                     small_m: int | None = None, cache: Path | None = None) -> dict[str, int]:
     """Replace every nn.Linear child whose attribute name is in `names` by a QuantLinear, in place, with
     `mode` ("int8" | "int4" | "q8" | "bf16" | "auto": see choose_mode; the head (`head`) takes "auto"'s choice
     whatever the mode: int4 or q8 where lossless, else bf16); returns how many layers took each mode. A tied
     weight (lm_head = embedding) stays the embedding's: the head gets its own copy. small_m: see QuantLinear
-    (None: the packed kernel's own limit)."""
+    (None: the packed kernel's own limit).
+
+    `cache`: a file of the stored weights (quantize_weight's form) of exactly these layers. When it holds them,
+    the layers are built from it and nothing is quantized (the default model: 0.1 s instead of ~3 s on 2 cores);
+    otherwise they are quantized and the file is written (atomically: concurrent loads are safe). The caller
+    names it by everything the result depends on (engine/models/registry.py: the weight files, the options)."""
+    targets = [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
+               for parent_name, parent in module.named_modules() for name, child in parent.named_children()
+               if name in names and isinstance(child, nn.Linear)]
+    shapes = {path: (child.out_features, child.in_features) for path, _, _, child in targets}
+    cached = _read_cache(cache, shapes) if cache is not None else None
     counts: dict[str, int] = {}
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if name in names and isinstance(child, nn.Linear):
-                w = child.weight.detach()
-                chosen = choose_mode(w, "auto" if name == head else mode, head=name == head)
-                setattr(parent, name, QuantLinear(child, chosen, small_m))
-                counts[chosen] = counts.get(chosen, 0) + 1
+    written: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
+    for path, parent, name, child in targets:
+        if cached is not None:
+            chosen, stored = cached[path]
+        else:
+            w = child.weight.detach()
+            chosen, made = _choose(w, "auto" if name == head else mode, head=name == head)
+            stored = made if made is not None else quantize_weight(w, chosen)
+            if child.bias is not None:
+                stored["bias"] = child.bias.detach().float()
+            if cache is not None:
+                written[path] = (chosen, stored)
+        setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m))
+        counts[chosen] = counts.get(chosen, 0) + 1
+    if cache is not None and cached is None:
+        _write_cache(cache, written)
     return counts
+
+
+# ---- the quantized-weights cache ----------------------------------------------------------------------------
+# a file of one model's stored weights: tensors "<layer path>/<field>", metadata {"modes": {layer path: mode}}
+CACHE_FORMAT = "sgnb-quantized-1"
+
+
+def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
+                ) -> dict[str, tuple[str, dict[str, torch.Tensor]]] | None:
+    """The cache's layers by path when it holds exactly the layers of `shapes` ({path: (out, in)}) with those
+    shapes; None (quantize them) otherwise."""
+    import json
+
+    from safetensors import safe_open
+
+    if not cache.is_file():
+        return None
+    try:
+        with safe_open(str(cache), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            modes = json.loads(meta.get("modes", "{}"))
+            if meta.get("format") != CACHE_FORMAT or sorted(modes) != sorted(shapes):
+                return None
+            layers: dict[str, tuple[str, dict[str, torch.Tensor]]] = {p: (modes[p], {}) for p in shapes}
+            for key in f.keys():
+                path, _, field = key.rpartition("/")
+                layers[path][1][field] = f.get_tensor(key)
+        if any(stored_shape(stored) != shapes[p] for p, (_, stored) in layers.items()):
+            return None
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file is quantized again, not an error
+        log.warning("ignoring the quantized-weights cache %s (%s: %s)", cache, type(e).__name__, e)
+        return None
+    return layers
+
+
+def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tensor]]]) -> None:
+    """Write the layers' stored weights to `cache` atomically (a temporary file renamed into place); a cache
+    that cannot be written is only logged."""
+    import json
+    import os
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    tensors = {f"{path}/{field}": t.contiguous() for path, (_, stored) in layers.items() for field, t in stored.items()}
+    meta = {"format": CACHE_FORMAT, "modes": json.dumps({path: mode for path, (mode, _) in layers.items()})}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{cache.name}-", dir=cache.parent)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=meta)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, cache)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as e:
+        log.warning("could not write the quantized-weights cache %s: %s", cache, e)

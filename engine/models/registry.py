@@ -91,8 +91,12 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
         previous = getattr(model, "quantized_layers", None) or {}
         model.quantized_layers = {"fp8": counts["fp8"] + previous.get("fp8", 0)}
     elif quantization != "none":
+        from sgnb.engine.model_loader import quantized_weights_cache
+        from sgnb.kernels import native
         from sgnb.kernels.quant_linear import quantize_linears
 
-        counts = quantize_linears(model, quantization, QUANTIZED_LINEARS)
+        cache = None if sharded or device.type != "cpu" else quantized_weights_cache(
+            source, quantization, QUANTIZED_LINEARS, str(dtype), native.available())
+        counts = quantize_linears(model, quantization, QUANTIZED_LINEARS, cache=cache)
         model.quantized_layers = counts  # e.g. {"int4": 210, "bf16": 1}: logged and reported by the runner
     return model.eval()

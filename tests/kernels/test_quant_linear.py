@@ -118,3 +118,91 @@ def test_auto_takes_int4_exactly_where_weights_sit_on_a_4bit_grid():
     assert choose_mode(on_grid, "auto", head=False) == "int4" and choose_mode(w, "auto", head=False) == "int8"
     assert choose_mode(w, "auto", head=True) == "bf16"
     assert choose_mode(torch.randn(8, 48), "int4", head=False) == "int8"  # K not a multiple of the group
+
+
+class _Layers(nn.Module):
+    """Two blocks of a decoder's linears on a 4-bit grid (int4 under auto), a head on none (bf16) and a layer
+    that is not quantized: the shapes of a model the quantized-weights cache holds."""
+
+    def __init__(self, seed: int, hidden: int = 64) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.layers = nn.ModuleList()
+        for _ in range(2):
+            block = nn.ModuleDict({"qkv_proj": nn.Linear(hidden, 3 * hidden, bias=True),
+                                   "down_proj": nn.Linear(2 * hidden, hidden, bias=False),
+                                   "other": nn.Linear(hidden, hidden)})
+            with torch.no_grad():
+                for lin in block.values():
+                    q, scale, zero = quantize_int4(torch.randn(lin.weight.shape, generator=g) * 0.05)
+                    lin.weight.copy_(dequantize("int4", {"q": q, "scale": scale, "zero": zero}))
+            self.layers.append(block)
+        self.lm_head = nn.Linear(hidden, 100, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.randn(100, hidden, generator=g))
+
+
+def test_quantized_weights_cache_gives_the_same_layers_and_ignores_a_foreign_file(tmp_path, caplog):
+    """A load that finds the cache builds every layer from it (same modes, the same packed and dense weights, the
+    same outputs) without quantizing; a file of other shapes, or a damaged one, is quantized again and
+    rewritten."""
+    import sgnb.kernels.quant_linear as ql
+
+    names = ("qkv_proj", "down_proj", "lm_head")
+    cache = tmp_path / "q" / "model.safetensors"
+    first = _Layers(seed=0)
+    counts = quantize_linears(first, "auto", names, cache=cache)
+    assert counts == {"int4": 4, "bf16": 1} and cache.is_file()
+    assert isinstance(first.layers[0]["other"], nn.Linear)  # not named: not quantized
+    calls = []
+    real = ql.quantize_weight
+    ql.quantize_weight = lambda *a, **k: calls.append(a) or real(*a, **k)
+    try:
+        again = _Layers(seed=0)
+        assert quantize_linears(again, "auto", names, cache=cache) == counts
+    finally:
+        ql.quantize_weight = real
+    assert calls == []  # every layer came from the file
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    for a, b in zip(first.modules(), again.modules()):
+        if isinstance(a, QuantLinear):
+            assert isinstance(b, QuantLinear) and (a.mode, a.small_m) == (b.mode, b.small_m)
+            assert all(torch.equal(s, t) for s, t in zip(a.packed_tensors(), b.packed_tensors()))
+            assert torch.equal(a.weight_dense, b.weight_dense)
+            assert (a.bias is None) == (b.bias is None) and (a.bias is None or torch.equal(a.bias, b.bias))
+            xin = x if a.in_features == 64 else torch.cat([x, x], 1)
+            assert torch.equal(a(xin), b(xin))
+            big = xin.repeat(10, 1)  # above small_m: the dense copy
+            assert torch.equal(a(big), b(big))
+    # another model's shapes: quantized, and the file now holds this one
+    other = _Layers(seed=0, hidden=96)
+    assert quantize_linears(other, "auto", names, cache=cache) == counts
+    assert other.lm_head.weight_dense.shape == (100, 96)
+    reread = ql._read_cache(cache, {p: (m.out_features, m.in_features) for p, m in other.named_modules()
+                                    if isinstance(m, QuantLinear)})
+    assert reread is not None and len(reread) == 5
+    # a damaged file: a warning, and the layers are quantized again
+    cache.write_bytes(cache.read_bytes()[:200])
+    with caplog.at_level("WARNING", logger="sgnb.kernels"):
+        fresh = _Layers(seed=0)
+        assert quantize_linears(fresh, "auto", names, cache=cache) == counts
+    assert "ignoring the quantized-weights cache" in caplog.text
+    assert torch.equal(fresh.lm_head.weight_dense, first.lm_head.weight_dense)
+
+
+def test_quantized_weights_cache_file_follows_the_checkpoint_and_options(tmp_path, monkeypatch):
+    from sgnb.engine.model_loader import ModelSource, quantized_weights_cache, resolve_model
+
+    monkeypatch.setenv("SGNB_CACHE_DIR", str(tmp_path / "cache"))
+    ckpt = tmp_path / "my model"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"x" * 10)
+    config = resolve_model("dummy:tiny").config
+    source = ModelSource(name="org/my model", path=ckpt, config=config, dummy=False)
+    a = quantized_weights_cache(source, "auto", "float32")
+    assert a is not None and a.parent == tmp_path / "cache" / "quantized" and a.name.startswith("org-my-model-")
+    assert quantized_weights_cache(source, "auto", "float32") == a
+    assert quantized_weights_cache(source, "int8", "float32") != a
+    (ckpt / "model.safetensors").write_bytes(b"y" * 11)  # a changed checkpoint
+    assert quantized_weights_cache(source, "auto", "float32") != a
+    assert quantized_weights_cache(ModelSource(name="d", path=None, config=config, dummy=True), "auto") is None
