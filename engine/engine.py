@@ -274,11 +274,16 @@ class Engine:
         else:
             assert input_ids is not None  # exactly one of them
             offsets = None
-            if isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
+            # a list of plain ints (what the language and the server send: select scoring's thousands of ids a
+            # round) is checked by type alone; anything else element by element (numpy ints pass, bools do not)
+            if isinstance(input_ids, list) and all(type(t) is int for t in input_ids):
+                ids = input_ids.copy()
+            elif isinstance(input_ids, (str, bytes)) or not all(is_strict_int(t) for t in input_ids):
                 raise ValueError("input_ids must be a list of ints")
-            ids = [int(t) for t in input_ids]
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
+            else:
+                ids = [int(t) for t in input_ids]
+            if ids and not (0 <= min(ids) and max(ids) < vocab):
+                bad = [t for t in ids if not 0 <= t < vocab]
                 raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
