@@ -149,6 +149,26 @@ def _rotating_ms(fns: list, iters: int = 30, per_graph: int = 24) -> float:
     return _graph_ms(lambda: [f() for f in calls], iters=iters, per_graph=1) / per_graph
 
 
+def _gemv_configs(tiles: list, launch: list, bm: int) -> list[tuple[int, ...]]:
+    """The small-M kernel's configs swept at BLOCK_M = bm: every tile and launch shape as before, then split-K
+    (2 / 4 programs along K) and the late sum over BLOCK_K (fp8_linear._fp8_gemv_kernel) on the tiles that
+    session 21's sweep put ahead (BLOCK_N 4-16, BLOCK_K 256-1024), the late sum's (BM, BN, BK) accumulator kept
+    to <= 64 floats a thread."""
+    out: list[tuple[int, ...]] = []
+    for bn, bk in tiles:
+        if 2048 <= bm * bn * bk <= 16384:
+            out += [(bn, bk, warps, stages) for warps, stages in launch]
+    for bn in (4, 8, 16):
+        for bk in (256, 512, 1024):
+            for warps, stages in ((4, 4), (8, 3)):
+                for split, late in ((2, 0), (4, 0), (1, 1), (2, 1), (4, 1)):
+                    if late and bm * bn * bk > 64 * 32 * warps:
+                        continue
+                    if 2048 <= bm * bn * bk <= 16384:
+                        out.append((bn, bk, warps, stages, split, late))
+    return out
+
+
 def gemv_part(args: argparse.Namespace) -> dict:
     """The small-M kernel's (BLOCK_N, BLOCK_K, warps, stages) swept per BLOCK_M on GEMV_SHAPES, beside bf16
     F.linear, _scaled_mm and the tiled Triton kernel, all reading their weights from HBM (rotating copies >= 256
@@ -185,21 +205,17 @@ def gemv_part(args: argparse.Namespace) -> dict:
             row["ms"]["triton_tiled"] = _rotating_ms([partial(f8._fp8_linear_triton, x, q, sc) for q, sc in qs])
             bm = f8.next_pow2(M)
             best = None
-            for bn, bk in tiles if M <= 4 else []:  # at 8 rows: the comparators only
-                if bm * bn * bk > 16384 or bm * bn * bk < 2048:
+            for cfg in _gemv_configs(tiles, launch, bm) if M <= args.gemv_max_rows else []:
+                try:
+                    got = f8._fp8_gemv_triton(x, *qs[0], config=cfg).float()
+                    err = ((got - ref).abs().max() / ref.abs().max()).item()
+                    ms = _rotating_ms([partial(f8._fp8_gemv_triton, x, q, sc, cfg) for q, sc in qs])
+                except Exception as e:  # noqa: BLE001 - a tile that does not compile is skipped
+                    print(json.dumps({"layer": name, "M": M, "config": cfg, "error": str(e)[:200]}), flush=True)
                     continue
-                for warps, stages in launch:
-                    cfg = (bn, bk, warps, stages)
-                    try:
-                        got = f8._fp8_gemv_triton(x, *qs[0], config=cfg).float()
-                        err = ((got - ref).abs().max() / ref.abs().max()).item()
-                        ms = _rotating_ms([partial(f8._fp8_gemv_triton, x, q, sc, cfg) for q, sc in qs])
-                    except Exception as e:  # noqa: BLE001 - a tile that does not compile is skipped
-                        print(json.dumps({"layer": name, "M": M, "config": cfg, "error": str(e)[:200]}), flush=True)
-                        continue
-                    per_m.setdefault(bm, {}).setdefault(cfg, []).append(ms / floor)
-                    if err < 2e-2 and (best is None or ms < best[1]):
-                        best = (cfg, ms)
+                per_m.setdefault(bm, {}).setdefault(cfg, []).append(ms / floor)
+                if err < 2e-2 and (best is None or ms < best[1]):
+                    best = (cfg, ms)
             if best is not None:
                 row["ms"]["gemv_best"] = best[1]
                 row["gemv_best_config"] = list(best[0])
@@ -447,6 +463,8 @@ def main() -> int:
     ap.add_argument("--parts", default="kernels,moe,fp8,quality,smollm2")
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir for the dummy models")
     ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--gemv-max-rows", type=int, default=2, help="rows up to which the gemv part sweeps the "
+                    "small-M kernel's configs (above: the comparators only)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed per batch")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)

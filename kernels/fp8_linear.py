@@ -168,13 +168,17 @@ def _fp8_linear_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tenso
 
 # ---- the small-M (decode) kernel -----------------------------------------------------------------------------
 @jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, K_PER_SPLIT,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, LATE_SUM: tl.constexpr):
     # y[m, n] = s[n] * sum_k x[m, k] * q[n, k] for M <= BLOCK_M (a decode step's row or two), per-channel scales.
     # A program streams BLOCK_N weight rows along K, where they are contiguous (16-byte loads of 16 e4m3 values),
     # and reduces x * w over K in float32 registers: a weight read with no tensor-core tile to fill, which at one
-    # row is what the time is.
+    # row is what the time is. LATE_SUM keeps a (BM, BN, BK) accumulator and reduces over BLOCK_K once at the end
+    # (no cross-thread reduction per step); SPLIT_K > 1 gives each program K_PER_SPLIT columns of K (program axis
+    # 1) and adds its partial sums into a float32 y that starts at zero.
     pid_n = tl.program_id(0)
+    k_begin = tl.program_id(1) * K_PER_SPLIT
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -182,31 +186,46 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, 
     m_ok = offs_m < M
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # (BN, 1)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # (BM, 1)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BN, BK)
-        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BM, BK)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (BM, BN)
+    k_end = tl.minimum(k_begin + K_PER_SPLIT, K)
+    if LATE_SUM:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < k_end
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc3 += x[:, None, :] * w[None, :, :]
+        acc = tl.sum(acc3, axis=2)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < k_end
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BN, BK)
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # (BM, BK)
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (BM, BN)
     acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if SPLIT_K > 1:
+        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) by BLOCK_M, from `bench_moe_fp8.py --parts gemv` on an H100
 # (2026-12-06, benchmarks/results/2026-12-06-gpu-fp8-gemv.json: the tile with the least geometric-mean time over
 # the decode linears of Llama-2-7B and Qwen3-8B, weights read from HBM). At 4 rows this kernel is the slowest FP8
 # path on every shape (1.3-2.7x the best other), hence GEMV_MAX_M = 2; Fp8Linear says where it runs below that.
-GEMV_CONFIGS: dict[int, tuple[int, int, int, int]] = {1: (8, 1024, 4, 4), 2: (8, 1024, 4, 4)}
+# A config may add (SPLIT_K, LATE_SUM) (_fp8_gemv_kernel); the sweep of 2026-12-06 session 22 tried them.
+GEMV_CONFIGS: dict[int, tuple[int, ...]] = {1: (8, 1024, 4, 4), 2: (8, 1024, 4, 4)}
 GEMV_MAX_M = max(GEMV_CONFIGS)  # rows up to which Fp8Linear's per-channel layers take the small-M kernel on CUDA
 
 
 def _fp8_gemv_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor,
-                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                     config: tuple[int, ...] | None = None) -> torch.Tensor:
     """x (M, K) @ (q * scale)^T with per-channel scales (N, 1), for M <= GEMV_MAX_M: the small-M kernel,
-    activations in their own dtype. `config` (BLOCK_N, BLOCK_K, num_warps, num_stages) overrides GEMV_CONFIGS
-    (the tuning benchmark's sweep, at any M)."""
+    activations in their own dtype. `config` (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K, LATE_SUM])
+    overrides GEMV_CONFIGS (the tuning benchmark's sweep, at any M)."""
     assert triton is not None
     M, K = x.shape
     N = q.shape[0]
@@ -214,13 +233,19 @@ def _fp8_gemv_triton(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor,
     assert scale_rows.shape == (N, 1) and scale_rows.dtype == torch.float32 and scale_rows.is_contiguous()
     block_m = next_pow2(M)
     assert block_m <= GEMV_MAX_M or config is not None, M
-    block_n, block_k, warps, stages = config or GEMV_CONFIGS[block_m]
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages, split, late = (*(config or GEMV_CONFIGS[block_m]), 1, 0)[:6]
+    split = max(1, min(split, cdiv(K, block_k)))
+    k_per_split = cdiv(cdiv(K, split), block_k) * block_k
+    split = cdiv(K, k_per_split)
+    # split K: the programs add float32 partial sums into a zeroed y, cast to x's dtype after
+    y = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split > 1 else \
+        torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M:
-        _fp8_gemv_kernel[(cdiv(N, block_n),)](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0), y.stride(0),
-                                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                               num_warps=warps, num_stages=stages)
-    return y
+        _fp8_gemv_kernel[(cdiv(N, block_n), split)](x, q, scale_rows, y, M, N, K, x.stride(0), q.stride(0),
+                                                    y.stride(0), k_per_split, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                    BLOCK_K=block_k, SPLIT_K=split, LATE_SUM=bool(late),
+                                                    num_warps=warps, num_stages=stages)
+    return y.to(x.dtype) if split > 1 else y
 
 
 def _fp8_linear_scaled_mm(x: torch.Tensor, q: torch.Tensor, scale_rows: torch.Tensor) -> torch.Tensor:

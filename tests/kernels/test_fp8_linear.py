@@ -94,10 +94,12 @@ def test_triton_per_token_quantization_equals_reference():
     assert torch.equal(a[differ] * 2, b[differ]) and (torch.log2(b[differ].abs()) % 1 == 0).all()
 
 
-@pytest.mark.parametrize("M,config", [(1, None), (2, None), (3, (4, 64, 4, 2)), (1, (16, 512, 4, 2))])
+@pytest.mark.parametrize("M,config", [(1, None), (2, None), (3, (4, 64, 4, 2)), (1, (16, 512, 4, 2)),
+                                      (2, (8, 64, 4, 2, 3, 0)), (1, (8, 64, 4, 2, 1, 1)), (3, (4, 32, 4, 2, 4, 1))])
 def test_small_m_kernel_equals_reference(M, config):
     """The decode kernel (per-channel scales): partial row tiles (N = 44), a K (272) that is not a multiple of
-    BLOCK_K, and rows of x past M masked off."""
+    BLOCK_K, and rows of x past M masked off; split over K (partial sums added in float32) and with the late sum
+    over BLOCK_K."""
     pytest.importorskip("triton")
     from sgnb.kernels.fp8_linear import _fp8_gemv_triton
 
