@@ -216,8 +216,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, 
 # (2026-12-06, benchmarks/results/2026-12-06-gpu-fp8-gemv.json: the tile with the least geometric-mean time over
 # the decode linears of Llama-2-7B and Qwen3-8B, weights read from HBM). At 4 rows this kernel is the slowest FP8
 # path on every shape (1.3-2.7x the best other), hence GEMV_MAX_M = 2; Fp8Linear says where it runs below that.
-# A config may add (SPLIT_K, LATE_SUM) (_fp8_gemv_kernel); the sweep of 2026-12-06 session 22 tried them.
-GEMV_CONFIGS: dict[int, tuple[int, ...]] = {1: (8, 1024, 4, 4), 2: (8, 1024, 4, 4)}
+# A config may add (SPLIT_K, LATE_SUM) (_fp8_gemv_kernel). The sweep of session 22 (H100,
+# 2026-12-06-gpu-s22-gemv.json) put the late sum first at one row: 12-13% less time on the narrow layers (Llama o
+# 0.0112 -> 0.0099 ms, down 0.0276 -> 0.0241), the same on the wide ones; split-K won nowhere at one row.
+GEMV_CONFIGS: dict[int, tuple[int, ...]] = {1: (8, 1024, 4, 4, 1, 1), 2: (8, 1024, 4, 4)}
 GEMV_MAX_M = max(GEMV_CONFIGS)  # rows up to which Fp8Linear's per-channel layers take the small-M kernel on CUDA
 
 

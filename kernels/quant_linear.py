@@ -27,7 +27,10 @@ The torch reference (`quant_linear_ref`) dequantizes explicitly; the layer must 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -278,14 +281,16 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
     (None: the packed kernel's own limit).
 
     `cache`: a file of the stored weights (quantize_weight's form) of exactly these layers. When it holds them,
-    the layers are built from it and nothing is quantized (the default model: 0.1 s instead of ~3 s on 2 cores);
-    otherwise they are quantized and the file is written (atomically: concurrent loads are safe). The caller
-    names it by everything the result depends on (engine/models/registry.py: the weight files, the options)."""
+    the layers are built from it and nothing is quantized (the default model: 1.0 s instead of 3.4 s on 2 cores);
+    otherwise they are quantized and, where that took CACHE_MIN_SECONDS or more, the file is written (atomically:
+    concurrent loads are safe); the folder keeps the CACHE_KEEP files used last. The caller names the file by
+    everything the result depends on (engine/models/registry.py: the weight files, the options)."""
     targets = [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
                for parent_name, parent in module.named_modules() for name, child in parent.named_children()
                if name in names and isinstance(child, nn.Linear)]
     shapes = {path: (child.out_features, child.in_features) for path, _, _, child in targets}
     cached = _read_cache(cache, shapes) if cache is not None else None
+    started = time.perf_counter()
     counts: dict[str, int] = {}
     written: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
     for path, parent, name, child in targets:
@@ -301,7 +306,7 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
                 written[path] = (chosen, stored)
         setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m))
         counts[chosen] = counts.get(chosen, 0) + 1
-    if cache is not None and cached is None:
+    if cache is not None and cached is None and time.perf_counter() - started >= CACHE_MIN_SECONDS:
         _write_cache(cache, written)
     return counts
 
@@ -309,6 +314,8 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
 # ---- the quantized-weights cache ----------------------------------------------------------------------------
 # a file of one model's stored weights: tensors "<layer path>/<field>", metadata {"modes": {layer path: mode}}
 CACHE_FORMAT = "sgnb-quantized-1"
+CACHE_MIN_SECONDS = 0.5  # a quantization quicker than this is not worth a file (tiny and test checkpoints)
+CACHE_KEEP = 8  # files the folder keeps, the least recently used removed first (a read refreshes a file's mtime)
 
 
 def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
@@ -336,6 +343,8 @@ def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file is quantized again, not an error
         log.warning("ignoring the quantized-weights cache %s (%s: %s)", cache, type(e).__name__, e)
         return None
+    with contextlib.suppress(OSError):
+        os.utime(cache)  # used now: the last file pruning removes
     return layers
 
 
@@ -343,7 +352,6 @@ def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tenso
     """Write the layers' stored weights to `cache` atomically (a temporary file renamed into place); a cache
     that cannot be written is only logged."""
     import json
-    import os
     import tempfile
 
     from safetensors.torch import save_file
@@ -363,3 +371,17 @@ def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tenso
                 os.unlink(tmp)
     except OSError as e:
         log.warning("could not write the quantized-weights cache %s: %s", cache, e)
+    _prune(cache.parent)
+
+
+def _prune(folder: Path) -> None:
+    """Keep the CACHE_KEEP most recently used cache files of `folder` (another process may prune at once)."""
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    for old in sorted(folder.glob("*.safetensors"), key=mtime, reverse=True)[CACHE_KEEP:]:
+        with contextlib.suppress(OSError):
+            old.unlink()

@@ -142,11 +142,13 @@ class _Layers(nn.Module):
             self.lm_head.weight.copy_(torch.randn(100, hidden, generator=g))
 
 
-def test_quantized_weights_cache_gives_the_same_layers_and_ignores_a_foreign_file(tmp_path, caplog):
+def test_quantized_weights_cache_gives_the_same_layers_and_ignores_a_foreign_file(tmp_path, caplog, monkeypatch):
     """A load that finds the cache builds every layer from it (same modes, the same packed and dense weights, the
     same outputs) without quantizing; a file of other shapes, or a damaged one, is quantized again and
     rewritten."""
     import sgnb.kernels.quant_linear as ql
+
+    monkeypatch.setattr(ql, "CACHE_MIN_SECONDS", 0.0)  # these layers quantize in milliseconds
 
     names = ("qkv_proj", "down_proj", "lm_head")
     cache = tmp_path / "q" / "model.safetensors"
@@ -206,3 +208,26 @@ def test_quantized_weights_cache_file_follows_the_checkpoint_and_options(tmp_pat
     (ckpt / "model.safetensors").write_bytes(b"y" * 11)  # a changed checkpoint
     assert quantized_weights_cache(source, "auto", "float32") != a
     assert quantized_weights_cache(ModelSource(name="d", path=None, config=config, dummy=True), "auto") is None
+
+
+def test_quantized_weights_cache_skips_quick_quantizations_and_keeps_the_files_used_last(tmp_path, monkeypatch):
+    import os
+
+    import sgnb.kernels.quant_linear as ql
+
+    names = ("qkv_proj", "down_proj", "lm_head")
+    quantize_linears(_Layers(seed=0), "auto", names, cache=tmp_path / "quick.safetensors")
+    assert not (tmp_path / "quick.safetensors").exists()  # milliseconds of work: no file
+    monkeypatch.setattr(ql, "CACHE_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(ql, "CACHE_KEEP", 3)
+    for i in range(4):
+        (tmp_path / f"old{i}.safetensors").write_bytes(b"x")
+        os.utime(tmp_path / f"old{i}.safetensors", (1000 + i, 1000 + i))
+    quantize_linears(_Layers(seed=0), "auto", names, cache=tmp_path / "new.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.safetensors", "old2.safetensors", "old3.safetensors"]
+    # a read makes a file the most recently used: the next write prunes another
+    os.utime(tmp_path / "new.safetensors", (2000, 2000))
+    quantize_linears(_Layers(seed=0), "auto", names, cache=tmp_path / "new.safetensors")  # a hit
+    monkeypatch.setattr(ql, "CACHE_KEEP", 2)
+    quantize_linears(_Layers(seed=1, hidden=96), "auto", names, cache=tmp_path / "other.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.safetensors", "other.safetensors"]
