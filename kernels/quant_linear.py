@@ -117,6 +117,16 @@ def quantize_weight(w: torch.Tensor, mode: str,
     return {"q": q.to(torch.uint8), "scale": scale, "zero": zero}
 
 
+def stored_linear(linear: nn.Linear, mode: str, weight: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """A linear's stored form: its weight's (quantize_weight(..., mode), or `weight` when the caller made it
+    already) and its bias in float32 ("bias", when it has one)."""
+    stored = quantize_weight(linear.weight.detach(), mode) if weight is None else weight
+    if linear.bias is not None:
+        stored["bias"] = linear.bias.detach().float()
+    return stored
+
+
 def stored_shape(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
     """(out_features, in_features) of a stored weight (quantize_weight's form)."""
     if "q4" in stored:
@@ -146,9 +156,7 @@ class QuantLinear(nn.Module):
         from sgnb.kernels import native
 
         if linear is not None:
-            stored = quantize_weight(linear.weight.detach(), mode)
-            if linear.bias is not None:
-                stored["bias"] = linear.bias.detach().float()
+            stored = stored_linear(linear, mode)
         assert stored is not None, "QuantLinear needs a linear or its stored form"
         self.mode = mode
         self.out_features, self.in_features = stored_shape(stored)
@@ -297,11 +305,8 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
         if cached is not None:
             chosen, stored = cached[path]
         else:
-            w = child.weight.detach()
-            chosen, made = _choose(w, "auto" if name == head else mode, head=name == head)
-            stored = made if made is not None else quantize_weight(w, chosen)
-            if child.bias is not None:
-                stored["bias"] = child.bias.detach().float()
+            chosen, made = _choose(child.weight.detach(), "auto" if name == head else mode, head=name == head)
+            stored = stored_linear(child, chosen, made)
             if cache is not None:
                 written[path] = (chosen, stored)
         setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m))
