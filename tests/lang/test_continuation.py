@@ -8,6 +8,8 @@ import pytest
 import sgnb as sgl
 from sgnb.backends.base import Backend
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def backend(engine):

@@ -11,6 +11,8 @@ from typing import Literal
 
 import pytest
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 # LiteLLM (and DSPy's model metadata) fetch a model map from the internet unless told to use the bundled one
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

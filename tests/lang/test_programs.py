@@ -9,6 +9,8 @@ import sgnb as sgl
 
 from . import programs as P  # noqa: N812
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 
 @pytest.fixture(scope="module", params=["runtime", "endpoint", "openai"])
 def backend(request, engine):

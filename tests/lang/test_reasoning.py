@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import sgnb as sgl
 from sgnb.reasoning import FORMATS, ReasoningStream, reasoning_format, split_reasoning
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 THINKING = r"<think>[a-z]{3,12}</think>The answer is [0-9]"  # a reply with a reasoning block, whatever the model
 REPLIES = {
     "qwen3": ["<think>\nplan it\n</think>\n\nThe answer", "no thinking at all", "<think>cut off mid-thought"],

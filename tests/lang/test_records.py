@@ -15,6 +15,8 @@ from sgnb.engine import events as engine_events
 from sgnb.engine.meta_info import FINISHED_KEYS, FinishReason, MetaInfo
 from sgnb.program_events import EVENT_TYPES
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 
 def _check(record: Any, d: dict[str, Any], what: str) -> None:
     keys, named = set(d), set(record.__annotations__)

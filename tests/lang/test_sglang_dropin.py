@@ -12,6 +12,8 @@ import pytest
 
 import sgnb as sgl
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def backend(engine):

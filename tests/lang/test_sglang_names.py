@@ -11,6 +11,8 @@ import pytest
 import sgnb as sgl
 from sgnb.backends.base import BackendError
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 
 def test_every_public_sglang_name_is_in_sgnb():
     sglang = pytest.importorskip("sglang")

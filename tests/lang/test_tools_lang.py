@@ -15,6 +15,8 @@ from sgnb.backends.base import GenContext
 from sgnb.sampling import GenParams
 from sgnb.tools import TOOL_CALL_OPEN
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER = {"type": "function", "function": {

@@ -12,6 +12,8 @@ import pytest
 
 from sgnb.server import ServerOptions, start_server_thread
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 PROMPT = "The capital of France is"
 BODY = {"text": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
 

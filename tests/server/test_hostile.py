@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 STALL_S = 2.0  # another client's request and /health answer within this while the bad request is in flight
 SMALL = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
 

@@ -11,6 +11,8 @@ import types
 
 import pytest
 
+ENGINE = "default"  # its assertions hold for any model: the quantized engine (tests/conftest.py)
+
 jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")
 
