@@ -18,6 +18,7 @@ that reads $SGNB_CACHE_DIR.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -27,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,7 +157,9 @@ def _resolve_hf_dir(path: Path) -> ModelSource:
 def _resolve_gguf(gguf_path: Path, name: str, cache_dir: str | Path | None) -> ModelSource:
     entry = _cache_root(cache_dir) / f"{name}-{_gguf_cache_key(gguf_path)}"
     if not (entry / "config.json").is_file():
-        _convert_into(gguf_path, entry)
+        with _converting(entry):
+            if not (entry / "config.json").is_file():
+                _convert_into(gguf_path, entry)
     return ModelSource(name=name, path=entry, config=ModelConfig.from_json(entry / "config.json"), dummy=False)
 
 
@@ -189,6 +192,26 @@ def _gguf_cache_key(gguf_path: Path) -> str:
     st = gguf_path.stat()
     ident = f"{CONVERTER_VERSION}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _converting(entry: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the cache folder (flock on the folder itself: no lock file in it) for the
+    block: of processes that start together (a kernel, a server, test workers) the first converts (20-35 s of
+    CPU for the default model), the others wait and then find the entry made. Where the file system refuses
+    locks, each process converts on its own as before (the rename keeps that safe)."""
+    import fcntl
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(entry.parent, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _convert_into(gguf_path: Path, entry: Path) -> None:

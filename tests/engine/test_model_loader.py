@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -305,6 +307,32 @@ def test_gguf_path_cache_key_follows_the_file(tmp_path: Path, monkeypatch: pytes
     os.utime(gguf, ns=(0, 10**18))  # the file changed: convert again into a new entry
     second = resolve_model(str(gguf), cache_dir=tmp_path / "cache")
     assert len(calls) == 2 and second.path != first.path and first.name == "m"
+
+
+def test_processes_that_resolve_together_convert_once(tmp_path: Path) -> None:
+    """Three processes resolve the same GGUF into an empty cache at once: one converts, the others wait for it on
+    the cache folder's lock and load its entry."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    calls = tmp_path / "calls"
+    script = f"""
+import time
+from sgnb.engine import model_loader
+
+def slow(gguf_path, out_dir):
+    with open({str(calls)!r}, "a") as f:
+        f.write("x")
+    time.sleep(1.5)  # long enough that the others arrive while it runs
+    (out_dir / "config.json").write_text((model_loader.CONFIGS_DIR / "tiny.json").read_text())
+
+model_loader._convert_gguf = slow
+print(model_loader.resolve_model({str(gguf)!r}, cache_dir={str(tmp_path / "cache")!r}).path)
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1 and calls.read_text() == "x"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(paths.pop()).name]  # no lock file left in it
 
 
 # ---- (d) other forms ----------------------------------------------------------------------------------------
