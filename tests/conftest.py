@@ -1,5 +1,6 @@
-"""Shared fixtures: one real engine on the default model and the HF transformers oracle on the same weights; the
-browser tests' chromium and Playwright browser come from tests/browsers.py."""
+"""Shared fixtures: real engines on the default model (the exact fp32 one and the quantized one users get, below)
+and the HF transformers oracle on the same weights; the browser tests' chromium and Playwright browser come from
+tests/browsers.py."""
 
 from __future__ import annotations
 
