@@ -23,23 +23,18 @@ import torch
 
 
 def ops(lib: str, device: str | None = None) -> dict:
+    """The ops on `lib`'s arrays ("numpy", or "torch" on `device`), by name."""
     if lib == "numpy":
-        table, slots = np.zeros((512, 4096), dtype=np.int64), np.arange(1, 201, dtype=np.int64)
-        rows, cols, pts = np.arange(64), np.full(64, 100), np.arange(64)
-        free = np.arange(1, 100_001, dtype=np.int64)
-        return {"row write": lambda: table.__setitem__((7, slice(100, 300)), slots),
-                "clone": lambda: slots[50:].copy(),
-                "cat of 3": lambda: np.concatenate([slots, slots[:40], slots[:9]]),
-                "row view": lambda: table[7, :300],
-                "point write x64": lambda: table.__setitem__((rows, cols), pts),
-                "free-list slice": lambda: free[:64]}
-    table = torch.zeros(512, 4096, dtype=torch.int64, device=device)
-    slots = torch.arange(1, 201, device=device)
-    rows, cols = torch.arange(64, device=device), torch.full((64,), 100, device=device)
-    pts, free = torch.arange(64, device=device), torch.arange(1, 100_001, device=device)
+        arr, copy, cat = (lambda x: np.asarray(x, dtype=np.int64)), np.copy, np.concatenate
+        table = np.zeros((512, 4096), dtype=np.int64)
+    else:
+        arr, copy, cat = (lambda x: torch.as_tensor(x, dtype=torch.int64, device=device)), torch.clone, torch.cat
+        table = torch.zeros(512, 4096, dtype=torch.int64, device=device)
+    slots, free = arr(range(1, 201)), arr(range(1, 100_001))
+    rows, cols, pts = arr(range(64)), arr([100] * 64), arr(range(64))
     return {"row write": lambda: table.__setitem__((7, slice(100, 300)), slots),
-            "clone": lambda: slots[50:].clone(),
-            "cat of 3": lambda: torch.cat([slots, slots[:40], slots[:9]]),
+            "clone": lambda: copy(slots[50:]),
+            "cat of 3": lambda: cat([slots, slots[:40], slots[:9]]),
             "row view": lambda: table[7, :300],
             "point write x64": lambda: table.__setitem__((rows, cols), pts),
             "free-list slice": lambda: free[:64]}
