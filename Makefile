@@ -13,7 +13,7 @@ UV := $(BIN)/uv
 # install, every process compiled torch and transformers from source again (`import torch` 6.3 s instead of 3.2,
 # a LLaVA class from transformers 20 s instead of 8.6; the suite starts ~150 processes). Our own package is
 # compiled by `bytecode` below (Python ignores a stale .pyc: an edited file is compiled in memory as before).
-UV_INSTALL := $(UV) pip install -q --compile-bytecode --python $(BIN)/python
+UV_FLAGS := -q --compile-bytecode --python $(BIN)/python
 OWN_SOURCES := sgnb engine kernels kernel_ext widgets
 TORCH_LOCK ?= torch==2.13.0+cpu
 # installed without their declared dependencies: SGLang's frontend (an interop client in tests; its deps include
@@ -34,12 +34,12 @@ $(STAMP): pyproject.toml Makefile setup.py $(LOCK) labextension/package.json lab
 	# kept (and the rest installed beside it)
 	if $(BIN)/python -c "import torch" 2>/dev/null && ! grep -qx "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" $(LOCK); then \
 		grep -v '^torch==' $(LOCK) > $(VENV)/lock-keeping-torch.txt; \
-		$(UV_INSTALL) $(FIND) -r $(VENV)/lock-keeping-torch.txt; \
+		$(UV) pip install $(UV_FLAGS) $(FIND) -r $(VENV)/lock-keeping-torch.txt; \
 	else \
-		$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(FIND) $(LOCK); \
+		$(UV) pip sync $(UV_FLAGS) $(FIND) $(LOCK); \
 	fi
-	$(UV_INSTALL) --no-deps -e .
-	$(UV_INSTALL) --no-deps $(NO_DEPS)
+	$(UV) pip install $(UV_FLAGS) --no-deps -e .
+	$(UV) pip install $(UV_FLAGS) --no-deps $(NO_DEPS)
 	# what the benchmark peers install against: the venv's torch, so nothing pulls a CUDA build
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
 	touch $(STAMP)
@@ -50,7 +50,7 @@ upgrade: $(STAMP)
 		-c <(echo $(TORCH_LOCK)) --upgrade --no-header --quiet -o $(LOCK)
 	$(MAKE) test
 
-# our package's .pyc (a second or two; see UV_INSTALL)
+# our package's .pyc (a second or two; see UV_FLAGS)
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $(OWN_SOURCES)
 

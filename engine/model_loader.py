@@ -215,8 +215,8 @@ def _converting(entry: Path) -> Iterator[None]:
 
 
 def _convert_into(gguf_path: Path, entry: Path) -> None:
-    """Convert `gguf_path` into the cache directory `entry`, atomically (temp dir + rename)."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    """Convert `gguf_path` into the cache directory `entry`, atomically (temp dir + rename). Called under
+    `_converting`, which made the folder."""
     _remove_stale_temp_dirs(entry)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
     try:

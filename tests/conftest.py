@@ -142,9 +142,9 @@ def default_server(default_engine):
 
 @pytest.fixture(scope="module")
 def server(request, engine):
-    """`sgnb serve` on loopback (a free port) over the module's `engine`, for the clients under test (sgnb's
-    RuntimeEndpoint and OpenAI backends, the official `openai` client, SGLang's frontend). A module that needs
-    other server options starts its own."""
+    """`sgnb serve` on loopback (a free port) over the module's `engine` (requested so that the default engine's
+    cache is flushed first), for the clients under test (sgnb's RuntimeEndpoint and OpenAI backends, the official
+    `openai` client, SGLang's frontend). A module that needs other server options starts its own."""
     return request.getfixturevalue(f"{_engine_kind(request)}_server")
 
 
