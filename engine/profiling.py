@@ -25,12 +25,15 @@ class Profiler:
     def start(self, output_dir: str | None, with_stack: bool) -> None:
         """Start profiling; the trace goes to `output_dir` (default: $SGLANG_TORCH_PROFILER_DIR, else the
         temporary directory). RuntimeError when a profile is running."""
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 
         if self._profile is not None:
             raise RuntimeError("a profile is already running: stop_profile() first")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self._profile = profile(activities=activities, with_stack=with_stack, record_shapes=True)
+        # without profile_all_threads torch records only the calling thread's ops: the trace would miss the
+        # scheduler thread, where all of the engine's work runs
+        self._profile = profile(activities=activities, with_stack=with_stack, record_shapes=True,
+                                experimental_config=_ExperimentalConfig(profile_all_threads=True))
         self._dir = output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
         self._profile.start()
 

@@ -86,6 +86,7 @@ def _build() -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_q4_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.sgnb_f32_gemv.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64]
     lib.sgnb_paged_decode.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64,
                                       ctypes.c_float, ptr, ptr, i32]
@@ -95,7 +96,7 @@ def _build() -> ctypes.CDLL:
     lib.sgnb_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, i32]
     lib.sgnb_rope.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr, i64, i32]
     lib.sgnb_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode,
+    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_f32_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode,
               lib.sgnb_set_isa, lib.sgnb_rms_norm, lib.sgnb_rope, lib.sgnb_silu_mul):
         f.restype = i32
     return lib
@@ -209,6 +210,20 @@ def q4_gemv(x: torch.Tensor, wq: torch.Tensor, wd: torch.Tensor, wm: torch.Tenso
     return y
 
 
+def f32_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous; w (N, K) float32 contiguous (an nn.Linear's weight) -> x @ w.T (M, N), each
+    row's result independent of the other rows (cpu_decode.c)."""
+    N, K = w.shape
+    assert x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous(), (
+        x.device, x.dtype, x.shape)
+    assert w.dtype == torch.float32 and w.is_contiguous() and x.shape[1] == K and K % 8 == 0, (w.dtype, w.shape)
+    y = torch.empty(x.shape[0], N)
+    rc = _need().sgnb_f32_gemv(w.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], K, N, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_f32_gemv failed ({rc})")
+    return y
+
+
 def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """4-bit codes q (N, K) in [0, 15] with w = q * d + m per block of 32 (d, m (N, K / 32)) -> the kernel's
     form: (N, K / 2) uint8 and d, m in float16. A block's 16 bytes hold codes j (low nibble) and j + 16 (high);
@@ -287,8 +302,12 @@ LAYER_FIELDS = 21  # the int64 fields of one layer's row in decode_layers' table
 
 
 def linear_fields(layer: torch.nn.Module) -> list[int] | None:
-    """A QuantLinear's 4 fields in a decode_layers table (kind, then its packed tensors' addresses), or None
-    when it does not run on our kernels."""
+    """A QuantLinear's or F32Linear's 4 fields in a decode_layers table (kind, then its weight tensors'
+    addresses), or None when it does not run on our kernels."""
+    from sgnb.kernels.dense_linear import F32Linear
+
+    if isinstance(layer, F32Linear):
+        return [32, layer.weight.data_ptr(), 0, 0]
     run = getattr(layer, "_native", None)
     if run is None:
         return None

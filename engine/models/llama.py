@@ -215,7 +215,7 @@ class LlamaForCausalLM(nn.Module):
         self.fused_decode = os.environ.get("SGNB_FUSED_DECODE", "1") != "0"
         self.fused_steps = 0  # forwards that took it (decodes and short extends)
         self.fused_max_tokens = 128  # the most new tokens (rows) a forward takes it with (<= native.MAX_ROWS)
-        self._fused_table: tuple[int, torch.Tensor | None] | None = None  # (KV pool's address, table)
+        self._fused_table: tuple[int, torch.Tensor | None, int] | None = None  # (KV pool's address, table, rows)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -277,8 +277,8 @@ class LlamaForCausalLM(nn.Module):
         plan = fb.attn_metadata
         if not isinstance(plan, _NativePlan) or len(plan.rows) > min(self.fused_max_tokens, native.MAX_ROWS):
             return None
-        table = self._decode_table(fb)
-        if table is None:
+        table, max_rows = self._decode_table(fb)
+        if table is None or len(plan.rows) > max_rows:
             return None
         attn = cast(Attention, self.model.layers[0].self_attn)
         assert self.rope_cos is not None and self.rope_sin is not None  # _decode_table found weights on the CPU
@@ -289,22 +289,24 @@ class LlamaForCausalLM(nn.Module):
                                     plan.rows, plan.starts + plan.lens, attn.num_heads, attn.num_kv_heads,
                                     attn.head_dim, self.tp.layout.intermediate_size, attn.scale)
 
-    def _decode_table(self, fb: ForwardBatch) -> torch.Tensor | None:
+    def _decode_table(self, fb: ForwardBatch) -> tuple[torch.Tensor | None, int]:
         """decode_layers' table of this model over fb's KV pool (built once per pool), or None when a weight
-        or the pool is not on the kernel's formats."""
+        or the pool is not on the kernel's formats; and the most rows it takes (float32 weights: up to where
+        our GEMV beats torch's GEMM, kernels/dense_linear.py)."""
         from sgnb.kernels import native
+        from sgnb.kernels.dense_linear import F32_SMALL_M
 
         cache = fb.attn_backend.kv_cache if fb.attn_backend is not None else None
         if cache is None or not cache.k_buffers:
-            return None
+            return None, 0
         key = cache.k_buffers[0].data_ptr()
         if self._fused_table is not None and self._fused_table[0] == key:
-            return self._fused_table[1]
+            return self._fused_table[1], self._fused_table[2]
         table = None
         ok = (self.tp.size == 1 and fb.input_ids.device.type == "cpu" and self._native_layers() and native.available()
               and self.model.norm.weight.dtype == torch.float32
               and all(b.dtype == torch.float32 and b.is_contiguous() for b in (*cache.k_buffers, *cache.v_buffers)))
-        rows = []
+        rows, kinds = [], set()
         layers = cast("list[DecoderLayer]", list(self.model.layers) if ok else [])
         for i, layer in enumerate(layers):
             a, m = cast(Attention, layer.self_attn), cast(MLP, layer.mlp)  # plain layers: _native_layers
@@ -317,13 +319,15 @@ class LlamaForCausalLM(nn.Module):
                     or layer.post_attention_layernorm.eps != self.model.norm.eps):
                 break
             bias = a.qkv_proj.bias
+            kinds |= {f[0] for f in fields}
             rows.append([norms[0].data_ptr(), norms[1].data_ptr(), *fields[0], 0 if bias is None else bias.data_ptr(),
                          *fields[1], *fields[2], *fields[3], cache.k_buffers[i].data_ptr(),
                          cache.v_buffers[i].data_ptr()])
         if ok and rows and len(rows) == len(self.model.layers):
             table = torch.tensor(rows, dtype=torch.int64)
-        self._fused_table = (key, table)
-        return table
+        max_rows = F32_SMALL_M if 32 in kinds else native.MAX_ROWS
+        self._fused_table = (key, table, max_rows)
+        return table, max_rows
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

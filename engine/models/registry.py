@@ -99,4 +99,8 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
             source, quantization, QUANTIZED_LINEARS, str(dtype), native.available())
         counts = quantize_linears(model, quantization, QUANTIZED_LINEARS, cache=cache)
         model.quantized_layers = counts  # e.g. {"int4": 210, "bf16": 1}: logged and reported by the runner
+    elif device.type == "cpu" and dtype == torch.float32:  # exact weights: our GEMV for decode-sized batches
+        from sgnb.kernels.dense_linear import use_f32_gemv
+
+        use_f32_gemv(model, QUANTIZED_LINEARS)
     return model.eval()

@@ -128,3 +128,36 @@ def test_forks_sharing_a_cached_prefix_take_the_fused_path():
     # within each request (row j sees the prefix and the request's first j + 1 new tokens)
     assert extends and max(t for _, t in extends) >= 10, extends
     assert max(d for d, _ in extends) < 0.06, extends
+
+
+def test_float32_weights_take_the_fused_path_up_to_our_gemvs_rows():
+    """The exact engine (quantization="none"): its linears are F32Linear (kernels/dense_linear.py), so decodes of
+    up to F32_SMALL_M rows run in one call, equal to the module path to float32 rounding; more rows take the
+    module path (torch's GEMM wins there)."""
+    from sgnb.engine import Engine
+    from sgnb.engine.forward_batch import ForwardMode
+    from sgnb.kernels.dense_linear import F32_SMALL_M, F32Linear
+
+    prompts = [f"request {i}: " + "word " * (2 * i + 1) for i in range(F32_SMALL_M + 4)]
+    with Engine("dummy:tiny", device="cpu", quantization="none", max_total_tokens=4096) as eng:
+        model = eng.runner.model
+        assert isinstance(model.model.layers[0].self_attn.qkv_proj, F32Linear) and isinstance(model.lm_head, F32Linear)
+        steps = _both_paths(eng, prompts[:F32_SMALL_M], new_tokens=4)
+        assert max(b for _, b in steps) == F32_SMALL_M
+        assert max(d for d, _ in steps) < 1e-5, steps
+    with Engine("dummy:tiny", device="cpu", quantization="none", max_total_tokens=4096) as eng:
+        model, seen = eng.runner.model, []
+        inner = model.forward
+
+        def forward(fb):
+            before = model.fused_steps
+            out = inner(fb)
+            if fb.mode is ForwardMode.DECODE:
+                seen.append((fb.batch_size, model.fused_steps == before + 1))
+            return out
+
+        model.forward = forward
+        eng.generate(prompts, {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+        eng.generate(prompts[0], {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert any(b > F32_SMALL_M for b, _ in seen) and any(b <= F32_SMALL_M for b, _ in seen), seen
+    assert all(fused == (b <= F32_SMALL_M) for b, fused in seen), seen

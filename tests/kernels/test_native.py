@@ -1,6 +1,6 @@
 """Our C kernels (kernels/csrc/cpu_decode.c, built by kernels/native.py): the int8 and int4 GEMVs against a torch
-reference that rounds the rows the same way, the QuantLinear modes that use them, and the paged decode
-attention."""
+reference that rounds the rows the same way, the float32 GEMV against float64, the layers that use them
+(QuantLinear's modes, F32Linear), and the paged decode attention."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from sgnb.kernels import native
+from sgnb.kernels.dense_linear import F32_SMALL_M
 from sgnb.kernels.quant_linear import NATIVE_SMALL_M, QuantLinear, choose_mode, q8_is_lossless, quantize_int4
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels: {native.unavailable_reason()}")
@@ -216,6 +217,55 @@ def test_int4_layer_runs_our_kernel_up_to_its_rows_and_the_dense_copy_above(m):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     else:
         torch.testing.assert_close(got, x @ w_held.t() + lin.bias.detach(), atol=1e-2, rtol=1e-2)
+
+
+@needs_native
+@pytest.mark.parametrize("n,k", [(7, 32), (200, 576), (1031, 1536), (9, 8)])
+def test_f32_gemv_equals_float64_and_each_row_its_own(n, k):
+    """Against float64; and a row's result is bit for bit its result alone, whatever rows sit beside it and
+    however many threads split the columns (the exact engine's logits do not change with the batch)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k))
+    x = torch.randn(native.MAX_ROWS + 5, k, generator=torch.Generator().manual_seed(k))
+    ref = x.double() @ w.double().t()
+    threads = torch.get_num_threads()
+    try:
+        for nth in (1, 3):
+            torch.set_num_threads(nth)
+            y = native.f32_gemv(x, w)
+            torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+            for lo, hi in ((0, 1), (3, 4), (5, 12), (1, 17), (20, 21)):
+                assert torch.equal(native.f32_gemv(x[lo:hi].contiguous(), w), y[lo:hi]), (nth, lo, hi)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(AssertionError):
+        native.f32_gemv(torch.randn(2, 12), torch.randn(3, 12))  # K not a multiple of 8
+    with pytest.raises(AssertionError):
+        native.f32_gemv(x.t().contiguous().t(), w)  # x not contiguous
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 5, F32_SMALL_M, F32_SMALL_M + 1])
+def test_f32_layer_runs_our_gemv_up_to_its_rows_on_the_linears_own_weights(m):
+    from sgnb.kernels.dense_linear import F32Linear, use_f32_gemv
+
+    model = nn.Sequential()
+    model.add_module("qkv_proj", nn.Linear(96, 40, bias=True))
+    model.add_module("other", nn.Linear(96, 40))
+    model.add_module("lm_head", nn.Linear(96, 40, bias=False))
+    model.lm_head.weight = model.qkv_proj.weight  # tied
+    assert use_f32_gemv(model, ("qkv_proj", "lm_head")) == 2
+    layer = model.qkv_proj
+    assert isinstance(layer, F32Linear) and type(model.other) is nn.Linear and "our GEMV" in layer.extra_repr()
+    assert model.lm_head.weight is layer.weight  # still tied: the same Parameter, no copy
+    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(m))
+    got = layer(x)
+    exact = x @ layer.weight.detach().t() + layer.bias.detach()
+    torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+    if m <= F32_SMALL_M:
+        assert torch.equal(got, native.f32_gemv(x, layer.weight.detach()) + layer.bias.detach())
+    else:
+        assert torch.equal(got, nn.functional.linear(x, layer.weight, layer.bias))
+    assert layer(x.view(m, 1, 96)).shape == (m, 1, 40)
 
 
 def _slot_table(lens: list[int], pool: int, seed: int, fragmented: bool) -> torch.Tensor:

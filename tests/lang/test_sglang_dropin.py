@@ -203,7 +203,8 @@ def test_runtime_takes_sglangs_arguments_and_calls(tmp_path):
         rt.start_profile()
         rt.generate("Hi", {"max_new_tokens": 2})
         trace = rt.stop_profile()
-        assert json.loads(open(trace).read())["traceEvents"]
+        ops = [e for e in json.loads(open(trace).read())["traceEvents"] if e.get("cat") == "cpu_op"]
+        assert any(e["name"] == "aten::embedding" for e in ops), "the trace missed the scheduler thread's ops"
         assert rt.url.startswith("http://127.0.0.1:")  # the engine over HTTP, started on first use
         remote = rt.endpoint.get_server_info()
         assert remote and sgl.RuntimeEndpoint is type(rt.endpoint)
