@@ -349,50 +349,45 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write an HF-format model directory for a llama-architecture GGUF into the existing `out_dir`.
 
     Tensors are dequantized to float32 and, for attn_q/attn_k, un-permuted from llama.cpp's interleaved RoPE
-    row order back to HF's rotate-half order. Slow (seconds): imports gguf and transformers.
+    row order back to HF's rotate-half order. The metadata is read with transformers' GGUF reader (it keeps
+    only the string arrays asked for) and the tokenizer built by transformers' GGUF tokenizer converter: the
+    default model in ~8 s on the 2-core EPYC, where gguf-py's reader (a numpy view for each of ~300,000 parts)
+    and `AutoTokenizer.from_pretrained(gguf_file=)` (which parses the file with it again) took ~30 s.
     """
-    from gguf import GGUFReader
+    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
 
-    reader = GGUFReader(str(gguf_path))
-    meta = _GGUFMeta(reader)
-    config = _config_from_gguf(meta, {t.name for t in reader.tensors})
+    meta = _GGUFMeta(read_gguf_metadata(str(gguf_path), ("tokenizer.ggml.tokens",))[0])
+    header = GgufHeader.from_file(str(gguf_path))
+    config = _config_from_gguf(meta, {t.name for t in header.tensors})
     _write_json(out_dir / "config.json", config.to_hf_dict())
-    _write_tensors(reader, config, out_dir / "model.safetensors")
+    _write_tensors(header, config, out_dir / "model.safetensors")
     _write_tokenizer(gguf_path, meta, config, out_dir)
     _write_json(out_dir / "sgnb_source.json", {"gguf": str(gguf_path.resolve()),
                                                "converter_version": CONVERTER_VERSION})
 
 
 class _GGUFMeta:
-    """Typed access to a GGUF file's key/value metadata."""
+    """Typed access to a GGUF file's key/value metadata (read_gguf_metadata's dict: an array it was not asked
+    to keep is its length)."""
 
-    def __init__(self, reader: Any) -> None:
-        self._fields = reader.fields
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
 
     def __contains__(self, key: str) -> bool:
         return key in self._fields
 
     def get(self, key: str, default: Any = None) -> Any:
-        from gguf import GGUFValueType
+        import numpy as np
 
-        field = self._fields.get(key)
-        if field is None:
-            return default
-        kind = field.types[0]
-        if kind == GGUFValueType.STRING:
-            return bytes(field.parts[field.data[0]]).decode("utf-8")
-        if kind == GGUFValueType.ARRAY:
-            if field.types[1] == GGUFValueType.STRING:
-                return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-            return [field.parts[i].tolist()[0] for i in field.data]
-        value = field.parts[field.data[0]]
-        if kind == GGUFValueType.FLOAT32:
+        value = self._fields.get(key, default)
+        if isinstance(value, float):
             # The shortest decimal that round-trips in float32: 1e-05, not 9.999999747378752e-06.
-            return float(str(value[0]))
-        return value.tolist()[0]
+            return float(str(np.float32(value)))
+        return value
 
     def array_len(self, key: str) -> int:
-        return len(self._fields[key].data)
+        value = self._fields[key]
+        return len(value) if isinstance(value, list) else int(value)
 
     def require(self, key: str) -> Any:
         value = self.get(key)
@@ -462,17 +457,17 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
              .reshape(w.shape))
 
 
-def _write_tensors(reader: Any, config: ModelConfig, out_file: Path) -> None:
+def _write_tensors(header: Any, config: ModelConfig, out_file: Path) -> None:
     import numpy as np
     from gguf.quants import dequantize
     from safetensors.numpy import save_file
 
+    blob = np.memmap(header.path, dtype=np.uint8, mode="r")
     tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    for t in header.tensors:  # shapes in torch order: (out, in)
         name = _hf_tensor_name(t.name)
-        # GGUF lists dims innermost first (ne0, ne1, ...); numpy/HF order is the reverse: (out, in).
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        raw = blob[header.data_start + t.offset: header.data_start + t.offset + t.nbytes]
+        w = np.asarray(dequantize(raw, t.ggml_type), dtype=np.float32).reshape(t.shape)
         if name.endswith("self_attn.q_proj.weight"):
             w = unpermute_rope_rows(w, config.num_attention_heads)
         elif name.endswith("self_attn.k_proj.weight"):
@@ -495,13 +490,17 @@ def _expected_tensor_names(config: ModelConfig) -> set[str]:
 
 
 def _write_tokenizer(gguf_path: Path, meta: _GGUFMeta, config: ModelConfig, out_dir: Path) -> None:
-    """tokenizer.json via transformers' GGUF tokenizer converter (imported only here), plus our
-    tokenizer_config.json (special tokens, add_bos_token, the chat template from the GGUF metadata)."""
+    """tokenizer.json through transformers' GGUF tokenizer converter (what `AutoTokenizer.from_pretrained(
+    gguf_file=)` builds; tests/engine/test_model_loader.py holds the two equal), plus our tokenizer_config.json
+    (special tokens, add_bos_token, the chat template from the GGUF metadata)."""
     from tokenizers import pre_tokenizers
-    from transformers import AutoTokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
 
-    hf_tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    backend = hf_tok.backend_tokenizer
+    architecture, tokenizer_dict, _ = get_gguf_tokenizer(str(gguf_path))
+    backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
     if meta.get("tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE and meta.get("tokenizer.ggml.model") == "gpt2":
         # Match llama.cpp and the original tokenizer.json: digits first become single pieces, then GPT-2's regex.
         backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -524,19 +523,6 @@ def _write_tokenizer(gguf_path: Path, meta: _GGUFMeta, config: ModelConfig, out_
         "model_max_length": config.max_position_embeddings,
         "chat_template": meta.get("tokenizer.chat_template"),
     })
-    _check_tokenizer(hf_tok, out_dir)
-
-
-def _check_tokenizer(hf_tok: Any, out_dir: Path) -> None:
-    """The saved tokenizer must encode like transformers' GGUF tokenizer (probes avoid whitespace runs before
-    digits, where the digit split above intentionally differs)."""
-    ours = Tokenizer.from_dir(out_dir).backend
-    probes = ["Hello, world!", " leading space", "naïve café 日本語 🎉", "def f(x):\n    return x * 2\n",
-              "<|im_start|>user\nHi<|im_end|>\n", "tabs\tand\nnewlines\r\n", "12345 + 678 = 13023"]
-    for text in probes:
-        expected = hf_tok(text, add_special_tokens=False)["input_ids"]
-        if ours.encode(text, add_special_tokens=False).ids != expected:
-            raise RuntimeError(f"converted tokenizer disagrees with transformers on {text!r}")
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
