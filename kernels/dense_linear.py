@@ -61,7 +61,7 @@ def use_f32_gemv(module: nn.Module, names: tuple[str, ...]) -> int:
     if not native.available():
         return 0
     targets = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-               if name in names and takes(child)]
+               if name in names and isinstance(child, nn.Linear) and takes(child)]
     for parent, name, child in targets:
         setattr(parent, name, F32Linear(child))
     return len(targets)
