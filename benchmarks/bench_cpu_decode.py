@@ -7,7 +7,8 @@ One conversation at a time (the notebook case): a prompt of `context` tokens, th
 time to first token, and the floor: bytes of weights one decode step reads / the measured copy bandwidth of
 this machine (measured at the start). sgnb also runs a next turn (`<context>+turn`: the same context cached by
 an earlier request, 32 new prompt tokens, then the decode: KV slots in three runs, as in a chat). The
-`sgnb-torch-kernels` system is sgnb with our C kernels off (kernels/native.py: torch's kernels instead).
+`sgnb-torch-kernels` system is sgnb with our C kernels off (kernels/native.py: torch's kernels instead);
+`sgnb-fp32-torch-kernels` the same for the exact engine (`quantization="none"`).
 Writes benchmarks/results/<date>-cpu-decode.json.
 """
 
@@ -185,6 +186,7 @@ def main() -> int:
                "sgnb-torch-kernels": lambda: in_child(run_sgnb, "auto", prompts, args.new_tokens, False),
                "sgnb-int8": lambda: in_child(run_sgnb, "int8", prompts, args.new_tokens),
                "sgnb-fp32": lambda: in_child(run_sgnb, "none", prompts, args.new_tokens),
+               "sgnb-fp32-torch-kernels": lambda: in_child(run_sgnb, "none", prompts, args.new_tokens, False),
                "llama.cpp": lambda: run_llama_cpp(prompts, args.new_tokens),
                "hf-transformers": lambda: run_hf(prompts, args.new_tokens)}
     systems: dict[str, dict] = {}
@@ -206,6 +208,10 @@ def main() -> int:
             other = systems.get(name, {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
             if base and other:
                 ratios[f"sgnb/{name} @{ctx}"] = round(base / other, 2)
+    for ctx, row in systems.get("sgnb-fp32", {}).get("rows", {}).items():  # the exact engine: our GEMV vs torch's
+        torch_fp32 = systems.get("sgnb-fp32-torch-kernels", {}).get("rows", {}).get(ctx, {}).get("decode_tok_s")
+        if row.get("decode_tok_s") and torch_fp32:
+            ratios[f"sgnb-fp32/sgnb-fp32-torch-kernels @{ctx}"] = round(row["decode_tok_s"] / torch_fp32, 2)
     result = {"benchmark": "single-stream CPU decode", "date": time.strftime("%Y-%m-%d"), "device": device_name(),
               "commit": commit(), "model": "SmolLM2-135M-Instruct", "new_tokens": args.new_tokens,
               "copy_bandwidth_bytes_per_s": round(bw), "repeat": args.repeat, "systems": systems, "ratios": ratios,
