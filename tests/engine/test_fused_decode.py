@@ -89,14 +89,15 @@ def test_fused_decode_with_qkv_bias_and_fragmented_slots(tmp_path):
     assert max(d for d, _ in steps) < 1e-3, steps  # random weights: no element sits on a rounding edge
 
 
-def test_more_rows_than_the_kernel_takes_use_the_module_path():
+def _fused_by_batch(quantization: str, prompts: list[str]) -> list[tuple[int, bool]]:
+    """(batch size, whether the fused path ran) of each decode step of a dummy model generating `prompts`
+    together (3 tokens), then prompts[0] alone."""
     from sgnb.engine import Engine
     from sgnb.engine.forward_batch import ForwardMode
 
-    with Engine("dummy:tiny", device="cpu", quantization="int4", max_total_tokens=4096) as eng:
-        runner, model = eng.runner, eng.runner.model
-        seen = []
-        inner = runner.model.forward
+    with Engine("dummy:tiny", device="cpu", quantization=quantization, max_total_tokens=4096) as eng:
+        model, seen = eng.runner.model, []
+        inner = model.forward
 
         def forward(fb):
             before = model.fused_steps
@@ -106,8 +107,14 @@ def test_more_rows_than_the_kernel_takes_use_the_module_path():
             return out
 
         model.forward = forward
-        eng.generate(["x " * 5] * (native.MAX_ROWS + 4), {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
-        eng.generate("x " * 5, {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+        sp = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+        eng.generate(prompts, sp)
+        eng.generate(prompts[0], sp)
+    return seen
+
+
+def test_more_rows_than_the_kernel_takes_use_the_module_path():
+    seen = _fused_by_batch("int4", ["x " * 5] * (native.MAX_ROWS + 4))
     assert any(b > native.MAX_ROWS for b, _ in seen) and any(b <= native.MAX_ROWS for b, _ in seen)
     assert all(fused == (b <= native.MAX_ROWS) for b, fused in seen), seen
 
@@ -135,7 +142,6 @@ def test_float32_weights_take_the_fused_path_up_to_our_gemvs_rows():
     up to F32_SMALL_M rows run in one call, equal to the module path to float32 rounding; more rows take the
     module path (torch's GEMM wins there)."""
     from sgnb.engine import Engine
-    from sgnb.engine.forward_batch import ForwardMode
     from sgnb.kernels.dense_linear import F32_SMALL_M, F32Linear
 
     prompts = [f"request {i}: " + "word " * (2 * i + 1) for i in range(F32_SMALL_M + 4)]
@@ -145,19 +151,6 @@ def test_float32_weights_take_the_fused_path_up_to_our_gemvs_rows():
         steps = _both_paths(eng, prompts[:F32_SMALL_M], new_tokens=4)
         assert max(b for _, b in steps) == F32_SMALL_M
         assert max(d for d, _ in steps) < 1e-5, steps
-    with Engine("dummy:tiny", device="cpu", quantization="none", max_total_tokens=4096) as eng:
-        model, seen = eng.runner.model, []
-        inner = model.forward
-
-        def forward(fb):
-            before = model.fused_steps
-            out = inner(fb)
-            if fb.mode is ForwardMode.DECODE:
-                seen.append((fb.batch_size, model.fused_steps == before + 1))
-            return out
-
-        model.forward = forward
-        eng.generate(prompts, {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
-        eng.generate(prompts[0], {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    seen = _fused_by_batch("none", prompts)
     assert any(b > F32_SMALL_M for b, _ in seen) and any(b <= F32_SMALL_M for b, _ in seen), seen
     assert all(fused == (b <= F32_SMALL_M) for b, fused in seen), seen
