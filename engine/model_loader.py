@@ -197,7 +197,7 @@ def _gguf_cache_key(gguf_path: Path) -> str:
 @contextlib.contextmanager
 def _converting(entry: Path) -> Iterator[None]:
     """Hold an exclusive lock on the cache folder (flock on the folder itself: no lock file in it) for the
-    block: of processes that start together (a kernel, a server, test workers) the first converts (20-35 s of
+    block: of processes that start together (a kernel, a server, test workers) the first converts (~9 s of
     CPU for the default model), the others wait and then find the entry made. Where the file system refuses
     locks, each process converts on its own as before (the rename keeps that safe)."""
     import fcntl
@@ -349,14 +349,14 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write an HF-format model directory for a llama-architecture GGUF into the existing `out_dir`.
 
     Tensors are dequantized to float32 and, for attn_q/attn_k, un-permuted from llama.cpp's interleaved RoPE
-    row order back to HF's rotate-half order. The metadata is read with transformers' GGUF reader (it keeps
-    only the string arrays asked for) and the tokenizer built by transformers' GGUF tokenizer converter: the
+    row order back to HF's rotate-half order. The metadata is read with transformers' GGUF reader (arrays
+    come back as their lengths) and the tokenizer built by transformers' GGUF tokenizer converter: the
     default model in ~8 s on the 2-core EPYC, where gguf-py's reader (a numpy view for each of ~300,000 parts)
     and `AutoTokenizer.from_pretrained(gguf_file=)` (which parses the file with it again) took ~30 s.
     """
     from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
 
-    meta = _GGUFMeta(read_gguf_metadata(str(gguf_path), ("tokenizer.ggml.tokens",))[0])
+    meta = _GGUFMeta(read_gguf_metadata(str(gguf_path))[0])  # no string arrays decoded: the vocab's size is enough
     header = GgufHeader.from_file(str(gguf_path))
     config = _config_from_gguf(meta, {t.name for t in header.tensors})
     _write_json(out_dir / "config.json", config.to_hf_dict())
