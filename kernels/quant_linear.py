@@ -136,6 +136,19 @@ def stored_shape(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
     return w.shape[0], w.shape[1]
 
 
+def stored_dense(mode: str, stored: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The float32 weight (N, K) a stored form (quantize_weight's) stands for: what its layer's dense copy holds."""
+    from sgnb.kernels import native
+
+    if mode == "bf16":
+        return stored["weight_bf16"].float()
+    if mode == "q8":
+        return native.dequantize_q8(stored["q8"], stored["d8"])
+    if "q4" in stored:
+        return native.unpack_q4(stored["q4"], stored["d4"], stored["m4"])
+    return dequantize(mode, stored)
+
+
 def quant_linear_ref(x: torch.Tensor, mode: str, packed: dict[str, torch.Tensor],
                      bias: torch.Tensor | None) -> torch.Tensor:
     """What QuantLinear computes for a small batch: bf16 activations times the dequantized weight, fp32 out."""
@@ -150,7 +163,7 @@ class QuantLinear(nn.Module):
     made (`QuantLinear.from_stored`: what the quantized-weights cache holds)."""
 
     def __init__(self, linear: nn.Linear | None, mode: str, small_m: int | None = None,
-                 stored: dict[str, torch.Tensor] | None = None) -> None:
+                 stored: dict[str, torch.Tensor] | None = None, dense_weight: torch.Tensor | None = None) -> None:
         super().__init__()
         assert mode in MODES, mode
         from sgnb.kernels import native
@@ -164,41 +177,40 @@ class QuantLinear(nn.Module):
         dense = dense_dtype()
         # our kernel and its weights, where it runs this mode
         self._native: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+        # the large-batch path multiplies by the SAME quantized weights (dequantized): a request's logits then
+        # differ between batch sizes by rounding only, not by quantization error. `dense_weight`: those weights
+        # when the caller has them (equal to stored_dense(mode, stored): the quantized-weights cache records
+        # which layers' checkpoint weights are), so they are not rebuilt from the packed form
+        assert dense_weight is None or dense_weight.shape == (self.out_features, self.in_features), (
+            dense_weight.shape, self.out_features, self.in_features)
         if mode == "bf16":  # bf16 weights (half the bytes of fp32, no quantization grid)
             self.weight_bf16 = stored["weight_bf16"].contiguous()
             if dense == torch.bfloat16:  # one copy serves every size
                 self.small_m, self.weight_dense = 0, self.weight_bf16
             else:  # no native bf16: a bf16 GEMM costs ~3.4 ms a row here; the same weights in float32 above
                 self.small_m = BF16_SMALL_M if small_m is None else small_m
-                self.weight_dense = self.weight_bf16.float()
+                self.weight_dense = (self.weight_bf16 if dense_weight is None else dense_weight).float().contiguous()
             return
         if mode == "q8":
-            q8, d8 = stored["q8"], stored["d8"]
-            self._native = (native.q8_gemv, (q8, d8))
-            weight = native.dequantize_q8(q8, d8)
+            self._native = (native.q8_gemv, (stored["q8"], stored["d8"]))
         elif mode == "int8":
-            q, scale = stored["q"], stored["scale"]
-            self._w8, self._s8 = q, scale.to(torch.bfloat16)
-            weight = dequantize(mode, {"q": q, "scale": scale})
+            self._w8, self._s8 = stored["q"], stored["scale"].to(torch.bfloat16)
         elif "q4" in stored:  # our kernel's form: w = q * d + m per block, d and m in float16
-            packed = (stored["q4"], stored["d4"], stored["m4"])
-            self._native = (native.q4_gemv, packed)
-            weight = native.unpack_q4(*packed)
+            self._native = (native.q4_gemv, (stored["q4"], stored["d4"], stored["m4"]))
         else:
             q, scale, zero = stored["q"].to(torch.int32), stored["scale"], stored["zero"]
             self._w4 = torch._convert_weight_to_int4pack_for_cpu(q, 1)
             self._sz4 = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (G, N, 2)
-            weight = dequantize(mode, {"q": q, "scale": scale, "zero": zero})
         if small_m is None:
             small_m = NATIVE_SMALL_M if self._native is not None else SMALL_M
         self.small_m = small_m
-        # the large-batch path multiplies by the SAME quantized weights (dequantized): a request's logits then
-        # differ between batch sizes by rounding only, not by quantization error
+        weight = stored_dense(mode, stored) if dense_weight is None else dense_weight
         self.weight_dense = weight.to(dense).contiguous()  # (N, K)
 
     @classmethod
-    def from_stored(cls, mode: str, stored: dict[str, torch.Tensor], small_m: int | None = None) -> QuantLinear:
-        return cls(None, mode, small_m, stored)
+    def from_stored(cls, mode: str, stored: dict[str, torch.Tensor], small_m: int | None = None,
+                    dense_weight: torch.Tensor | None = None) -> QuantLinear:
+        return cls(None, mode, small_m, stored, dense_weight)
 
     def packed_tensors(self) -> list[torch.Tensor]:
         """The tensors the packed path reads (for byte counts)."""
@@ -289,10 +301,13 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
     (None: the packed kernel's own limit).
 
     `cache`: a file of the stored weights (quantize_weight's form) of exactly these layers. When it holds them,
-    the layers are built from it and nothing is quantized (the default model: 1.0 s instead of 3.4 s on 2 cores);
+    the layers are built from it and nothing is quantized (the default model: 0.1 s instead of 3.4 s on 2 cores);
     otherwise they are quantized and, where that took CACHE_MIN_SECONDS or more, the file is written (atomically:
     concurrent loads are safe); the folder keeps the CACHE_KEEP files used last. The caller names the file by
-    everything the result depends on (engine/models/registry.py: the weight files, the options)."""
+    everything the result depends on (engine/models/registry.py: the weight files, the options). The file also
+    names the layers whose checkpoint weight equals, bit for bit, what their stored form stands for (the default
+    model's: its weights came from a Q4_0 / Q8_0 GGUF): their dense copy is then the checkpoint's tensor itself,
+    not rebuilt from the packed form (that took 1.0 s of the default model's 1.7 s load)."""
     targets = [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
                for parent_name, parent in module.named_modules() for name, child in parent.named_children()
                if name in names and isinstance(child, nn.Linear)]
@@ -300,16 +315,22 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
     cached = _read_cache(cache, shapes) if cache is not None else None
     started = time.perf_counter()
     counts: dict[str, int] = {}
-    written: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
+    written: dict[str, tuple[str, dict[str, torch.Tensor], bool]] = {}
     for path, parent, name, child in targets:
+        weight = child.weight.detach()
         if cached is not None:
-            chosen, stored = cached[path]
+            chosen, stored, exact = cached[path]
+            dense = weight if exact else None
         else:
-            chosen, made = _choose(child.weight.detach(), "auto" if name == head else mode, head=name == head)
+            chosen, made = _choose(weight, "auto" if name == head else mode, head=name == head)
             stored = stored_linear(child, chosen, made)
+            dense = stored_dense(chosen, stored)
+            exact = torch.equal(dense, weight.float())
+            if exact:
+                dense = weight  # shared with the checkpoint, not a second copy of the same numbers
             if cache is not None:
-                written[path] = (chosen, stored)
-        setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m))
+                written[path] = (chosen, stored, exact)
+        setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m, dense))
         counts[chosen] = counts.get(chosen, 0) + 1
     if cache is not None and cached is None and time.perf_counter() - started >= CACHE_MIN_SECONDS:
         _write_cache(cache, written)
@@ -317,16 +338,18 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
 
 
 # ---- the quantized-weights cache ----------------------------------------------------------------------------
-# a file of one model's stored weights: tensors "<layer path>/<field>", metadata {"modes": {layer path: mode}}
-CACHE_FORMAT = "sgnb-quantized-1"
+# a file of one model's stored weights: tensors "<layer path>/<field>", metadata {"modes": {layer path: mode},
+# "exact": [the layer paths whose checkpoint weight equals their stored form's dense weight]}
+CACHE_FORMAT = "sgnb-quantized-2"
 CACHE_MIN_SECONDS = 0.5  # a quantization quicker than this is not worth a file (tiny and test checkpoints)
 CACHE_KEEP = 8  # files the folder keeps, the least recently used removed first (a read refreshes a file's mtime)
 
 
 def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
-                ) -> dict[str, tuple[str, dict[str, torch.Tensor]]] | None:
-    """The cache's layers by path when it holds exactly the layers of `shapes` ({path: (out, in)}) with those
-    shapes; None (quantize them) otherwise."""
+                ) -> dict[str, tuple[str, dict[str, torch.Tensor], bool]] | None:
+    """The cache's layers by path, (mode, stored form, whether the checkpoint's weight is its dense weight), when
+    it holds exactly the layers of `shapes` ({path: (out, in)}) with those shapes; None (quantize them)
+    otherwise."""
     import json
 
     from safetensors import safe_open
@@ -339,11 +362,13 @@ def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
             modes = json.loads(meta.get("modes", "{}"))
             if meta.get("format") != CACHE_FORMAT or sorted(modes) != sorted(shapes):
                 return None
-            layers: dict[str, tuple[str, dict[str, torch.Tensor]]] = {p: (modes[p], {}) for p in shapes}
+            exact = set(json.loads(meta.get("exact", "[]")))
+            layers: dict[str, tuple[str, dict[str, torch.Tensor], bool]] = {p: (modes[p], {}, p in exact)
+                                                                            for p in shapes}
             for key in f.keys():
                 path, _, field = key.rpartition("/")
                 layers[path][1][field] = f.get_tensor(key)
-        if any(stored_shape(stored) != shapes[p] for p, (_, stored) in layers.items()):
+        if any(stored_shape(stored) != shapes[p] for p, (_, stored, _) in layers.items()):
             return None
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file is quantized again, not an error
         log.warning("ignoring the quantized-weights cache %s (%s: %s)", cache, type(e).__name__, e)
@@ -353,7 +378,7 @@ def _read_cache(cache: Path, shapes: dict[str, tuple[int, int]]
     return layers
 
 
-def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tensor]]]) -> None:
+def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tensor], bool]]) -> None:
     """Write the layers' stored weights to `cache` atomically (a temporary file renamed into place); a cache
     that cannot be written is only logged."""
     import json
@@ -361,8 +386,10 @@ def _write_cache(cache: Path, layers: dict[str, tuple[str, dict[str, torch.Tenso
 
     from safetensors.torch import save_file
 
-    tensors = {f"{path}/{field}": t.contiguous() for path, (_, stored) in layers.items() for field, t in stored.items()}
-    meta = {"format": CACHE_FORMAT, "modes": json.dumps({path: mode for path, (mode, _) in layers.items()})}
+    tensors = {f"{path}/{field}": t.contiguous()
+               for path, (_, stored, _) in layers.items() for field, t in stored.items()}
+    meta = {"format": CACHE_FORMAT, "modes": json.dumps({path: mode for path, (mode, _, _) in layers.items()}),
+            "exact": json.dumps(sorted(path for path, (_, _, exact) in layers.items() if exact))}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{cache.name}-", dir=cache.parent)

@@ -53,6 +53,22 @@ TEXTS = [
 
 
 # ---- fixtures -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _one_gguf_parse():
+    """transformers parses the default model's GGUF once for its config, once for the weights and once for the
+    tokenizer, with gguf-py's GGUFReader (~10 s each here: a numpy view per metadata part, ~300,000 of them),
+    and test_unpermutation_matters reads it too. A reader is read-only once made, so this module's oracles
+    share one reader per file: the same code reads the same parse."""
+    import functools
+
+    import gguf
+
+    made = functools.cache(gguf.GGUFReader)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", lambda path, mode="r": made(str(path), mode))
+        yield
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sgnb-models")
@@ -104,10 +120,10 @@ def test_gguf_weights_equal_transformers(smollm2: ModelSource, hf_state_dict: di
 @pytest.mark.slow
 def test_unpermutation_matters(smollm2: ModelSource) -> None:
     """The raw GGUF q rows differ from ours exactly by llama.cpp's permutation (so test (a) can catch it)."""
-    from gguf import GGUFReader
+    import gguf
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(smollm2_gguf_path()))
+    reader = gguf.GGUFReader(str(smollm2_gguf_path()))
     raw = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
     raw_q = torch.from_numpy(np.asarray(dequantize(raw.data, raw.tensor_type), dtype=np.float32).copy())
     ours = load_state_dict(smollm2)["model.layers.0.self_attn.q_proj.weight"]

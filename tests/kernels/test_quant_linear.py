@@ -231,3 +231,60 @@ def test_quantized_weights_cache_skips_quick_quantizations_and_keeps_the_files_u
     monkeypatch.setattr(ql, "CACHE_KEEP", 2)
     quantize_linears(_Layers(seed=1, hidden=96), "auto", names, cache=tmp_path / "other.safetensors")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.safetensors", "other.safetensors"]
+
+
+def test_a_layer_whose_checkpoint_is_its_stored_form_keeps_the_checkpoints_tensor_as_its_dense_copy(tmp_path,
+                                                                                                    monkeypatch):
+    """Weights that came from a Q4_0 GGUF (w = d * (q - 8), d a float16, every group using codes 0 and 15) are
+    their int4 form exactly, as is a head in bf16 under "bf16": the dense copy is then the checkpoint's own tensor
+    (no second copy, nothing rebuilt from the packed form), and the cache file says so, so that a load from it
+    shares the checkpoint's tensors too. A layer whose int4 form only approximates it (float16 scales) gets its
+    rebuilt copy. Either way the dense copy equals the stored form's weights and the layer computes as before."""
+    import sgnb.kernels.quant_linear as ql
+    from sgnb.kernels import native
+    from sgnb.kernels.quant_linear import dense_dtype, stored_dense
+
+    monkeypatch.setattr(ql, "CACHE_MIN_SECONDS", 0.0)
+
+    def q4_0(n: int, k: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(3)
+        q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
+        q[..., 0], q[..., 1] = 0, 15
+        d = (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 0.001).half().float()
+        return ((q - 8).float() * d).view(n, k)
+
+    def model(seed: int) -> nn.Module:
+        m = _Layers(seed=seed)
+        with torch.no_grad():
+            m.layers[0]["qkv_proj"].weight.copy_(q4_0(192, 64))
+            m.lm_head.weight.copy_(m.lm_head.weight.bfloat16().float())
+        return m
+
+    names = ("qkv_proj", "down_proj", "lm_head")
+    cache = tmp_path / "model.safetensors"
+    exact_paths = {"layers.0.qkv_proj", "lm_head"}
+    for attempt in ("quantized", "from the cache"):
+        m = model(seed=0)
+        checkpoint = {p: mod.weight.detach() for p, mod in m.named_modules() if isinstance(mod, nn.Linear)}
+        counts = quantize_linears(m, "auto", names, cache=cache)
+        assert counts == {"int4": 4, "bf16": 1}, attempt
+        layers = {p: mod for p, mod in m.named_modules() if isinstance(mod, QuantLinear)}
+        for path, layer in layers.items():
+            stored = {"weight_bf16": layer.weight_bf16} if layer.mode == "bf16" else \
+                dict(zip(("q4", "d4", "m4"), layer._native[1])) if native.available() else None
+            if stored is not None:
+                assert torch.equal(layer.weight_dense.float(), stored_dense(layer.mode, stored)), (attempt, path)
+            # a CPU that multiplies bf16 natively keeps a bf16 dense copy: converted, so not the same tensor
+            shared = layer.weight_dense.data_ptr() == checkpoint[path].data_ptr()
+            assert shared == (path in exact_paths and dense_dtype() == torch.float32), (attempt, path, layer.mode)
+            if path in exact_paths:
+                assert torch.equal(layer.weight_dense.float(), checkpoint[path].float()), (attempt, path)
+        x = torch.randn(20, 64, generator=torch.Generator().manual_seed(1))  # 20 rows: the dense copies
+        outs = [layers[p](x) for p in ("layers.0.qkv_proj", "lm_head")]
+        if attempt == "quantized":
+            first = outs
+            meta_exact = ql._read_cache(cache, {p: (mod.out_features, mod.in_features) for p, mod in layers.items()})
+            assert meta_exact is not None
+            assert {p for p, (_, _, exact) in meta_exact.items() if exact} == exact_paths
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(first, outs))
