@@ -34,6 +34,66 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _interpreter_patches_once() -> None:
+    """Triton's interpreter points triton.language's builtins at its numpy versions before every launch, and
+    again at every call of a jit function from a kernel (tl.max, tl.sum and tl.cdiv are such functions: once per
+    program instance and loop iteration), each time finding them with inspect.getmembers over the language
+    modules: 28% of the interpreted decode kernel's time (py-spy, test_decode_matches_refs). Here a launch patches
+    them as Triton does (the same (name, builtin) pairs through its own `_patch_attr`, found once per module: a
+    module's builtins do not change), and a call from inside a launch whose language modules that launch has
+    patched already patches nothing more. Nothing else of the interpreter changes; a Triton without these
+    functions is left as it is."""
+    import inspect
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if not all(callable(getattr(interpreter, f, None)) for f in ("_patch_builtin", "_patch_attr", "_patch_lang")):
+        return
+    builtins: dict[int, list[tuple[str, object]]] = {}
+
+    def patch_builtin(pkg, builder, scope) -> None:
+        members = builtins.get(id(pkg))
+        if members is None:  # the first patch of this module: nothing of it is patched yet
+            members = builtins[id(pkg)] = [(name, m) for name, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name, member in members:
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    triton_patch_lang = interpreter._patch_lang
+    launch: list[set[int]] = []  # the language modules the launch in progress patched (none: no launch)
+
+    class Patched:  # what a call inside a launch gets back (Triton drops it: the launch restores everything)
+        def restore(self) -> None:
+            pass
+
+    def patch_lang(fn):
+        langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if launch and langs <= launch[0]:
+            return Patched()
+        scope = triton_patch_lang(fn)
+        if launch:  # a call inside the launch that sees a module the launch did not
+            launch[0] |= langs
+            return scope
+        launch.append(langs)  # a launch (GridExecutor): it restores the scope when its grid is done
+        restore = scope.restore
+
+        def restore_and_end() -> None:
+            launch.clear()
+            restore()
+
+        scope.restore = restore_and_end
+        return scope
+
+    interpreter._patch_builtin = patch_builtin
+    interpreter._patch_lang = patch_lang
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_patches_once()
+
+
 # the tests that drive JupyterLab / Notebook 7 in chromium: under xdist one unit of work (see pytest_xdist_make_scheduler)
 BROWSER_FILES = frozenset({"tests/labextension/test_panel.py", "tests/labextension/test_saved_views.py",
                            "tests/notebooks/test_offline_export.py", "tests/widgets/test_program_view_browser.py",
