@@ -96,14 +96,21 @@ CHARACTER_REGEX = (
 )
 
 
-def test_jump_forward_saves_decode_steps(engine):
+@pytest.fixture(scope="module")
+def off_engine():
+    """The exact engine's twin without jump-forward (its outputs, like the exact engine's, do not depend on what
+    its cache holds, so the tests below share one)."""
     from sgnb.engine import Engine
 
+    with Engine("smollm2", disable_jump_forward=True, quantization="none") as eng:
+        yield eng
+
+
+def test_jump_forward_saves_decode_steps(engine, off_engine):
     prompt = "Harry Potter is a wizard. Describe him in JSON.\n"
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": CHARACTER_REGEX}
     on = engine.generate(prompt, sp)
-    with Engine("smollm2", disable_jump_forward=True, quantization="none") as off_engine:
-        off = off_engine.generate(prompt, sp)
+    off = off_engine.generate(prompt, sp)
     for o in (on, off):
         assert re.fullmatch(CHARACTER_REGEX, o["text"]), o["text"]
     m_on, m_off = on["meta_info"], off["meta_info"]
@@ -116,18 +123,15 @@ def test_jump_forward_saves_decode_steps(engine):
 
 @pytest.mark.parametrize("regex", [r"The answer is (yes|no)\.", r"Capital: (Paris|Berlin|Rome)!",
                                    r"\{\"ok\": (true|false)\}", CHARACTER_REGEX])
-def test_jump_forward_changes_outputs_only_through_tokenization(engine, regex):
+def test_jump_forward_changes_outputs_only_through_tokenization(engine, off_engine, regex):
     """Greedy with and without jump-forward: the token sequences may only part where jump-forward wrote a
     forced token. Jump-forward writes the canonical tokenization of the forced text; a model decoding one
     step at a time under the mask may take another token path for the same text (e.g. '{"' vs '{' '"'),
     which changes the context and so possibly what follows. Where the paths agree, outputs are equal."""
-    from sgnb.engine import Engine
-
     prompt = "Is water wet? Reply in the format.\n"
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": regex}
     on = engine.generate(prompt, sp)
-    with Engine("smollm2", disable_jump_forward=True, quantization="none") as off_engine:
-        off = off_engine.generate(prompt, sp)
+    off = off_engine.generate(prompt, sp)
     assert re.fullmatch(regex, on["text"]) and re.fullmatch(regex, off["text"])
     a, b, forced = on["output_ids"], off["output_ids"], on["meta_info"]["output_forced"]
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
