@@ -87,6 +87,7 @@ def _build() -> ctypes.CDLL:
     lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_q4_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_f32_gemv.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.sgnb_qf32_gemv.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.sgnb_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64]
     lib.sgnb_paged_decode.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64,
                                       ctypes.c_float, ptr, ptr, i32]
@@ -96,8 +97,9 @@ def _build() -> ctypes.CDLL:
     lib.sgnb_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, i32]
     lib.sgnb_rope.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr, i64, i32]
     lib.sgnb_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_f32_gemv, lib.sgnb_quantize_rows, lib.sgnb_paged_decode,
-              lib.sgnb_set_isa, lib.sgnb_rms_norm, lib.sgnb_rope, lib.sgnb_silu_mul):
+    for f in (lib.sgnb_decode_layers, lib.sgnb_q8_gemv, lib.sgnb_q4_gemv, lib.sgnb_f32_gemv, lib.sgnb_qf32_gemv,
+              lib.sgnb_quantize_rows, lib.sgnb_paged_decode, lib.sgnb_set_isa, lib.sgnb_rms_norm, lib.sgnb_rope,
+              lib.sgnb_silu_mul):
         f.restype = i32
     return lib
 
@@ -224,6 +226,25 @@ def f32_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def qf32_gemv(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous; a weight (N, K) held as int8 codes q (N, K) with float32 d, m (N, K / 32):
+    w = q * d + m per block of 32, rebuilt by one fma per weight -> x @ w.T (M, N), float32 products, each row's
+    result independent of the other rows (cpu_decode.c). Where that fma gives the float32 weight itself (see
+    kernels/dense_linear.py exact_codes), this is f32_gemv over that weight reading a quarter of its bytes."""
+    N, K = q.shape
+    assert x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous(), (
+        x.device, x.dtype, x.shape)
+    assert q.dtype == torch.int8 and q.is_contiguous() and x.shape[1] == K and K % BLOCK == 0, (q.dtype, q.shape)
+    for t in (d, m):
+        assert t.dtype == torch.float32 and t.is_contiguous() and t.shape == (N, K // BLOCK), (t.dtype, t.shape)
+    y = torch.empty(x.shape[0], N)
+    rc = _need().sgnb_qf32_gemv(q.data_ptr(), d.data_ptr(), m.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], K,
+                                N, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"sgnb_qf32_gemv failed ({rc})")
+    return y
+
+
 def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """4-bit codes q (N, K) in [0, 15] with w = q * d + m per block of 32 (d, m (N, K / 32)) -> the kernel's
     form: (N, K / 2) uint8 and d, m in float16. A block's 16 bytes hold codes j (low nibble) and j + 16 (high);
@@ -307,6 +328,8 @@ def linear_fields(layer: torch.nn.Module) -> list[int] | None:
     from sgnb.kernels.dense_linear import F32Linear
 
     if isinstance(layer, F32Linear):
+        if layer.codes is not None:
+            return [33, *(t.data_ptr() for t in layer.codes)]
         return [32, layer.weight.data_ptr(), 0, 0]
     run = getattr(layer, "_native", None)
     if run is None:

@@ -292,48 +292,57 @@ def _choose(w: torch.Tensor, requested: str, head: bool) -> tuple[str, dict[str,
     return requested, None
 
 
-def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
-                     small_m: int | None = None, cache: Path | None = None) -> dict[str, int]:
-    """Replace every nn.Linear child whose attribute name is in `names` by a QuantLinear, in place, with
-    `mode` ("int8" | "int4" | "q8" | "bf16" | "auto": see choose_mode; the head (`head`) takes "auto"'s choice
-    whatever the mode: int4 or q8 where lossless, else bf16); returns how many layers took each mode. A tied
-    weight (lm_head = embedding) stays the embedding's: the head gets its own copy. small_m: see QuantLinear
-    (None: the packed kernel's own limit).
+def _linears(module: nn.Module, names: tuple[str, ...]) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """(path, parent, attribute name, linear) of every nn.Linear child of `module` named in `names`."""
+    return [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
+            for parent_name, parent in module.named_modules() for name, child in parent.named_children()
+            if name in names and isinstance(child, nn.Linear)]
 
-    `cache`: a file of the stored weights (quantize_weight's form) of exactly these layers. When it holds them,
-    the layers are built from it and nothing is quantized (the default model: 0.1 s instead of 3.4 s on 2 cores);
-    otherwise they are quantized and, where that took CACHE_MIN_SECONDS or more, the file is written (atomically:
-    concurrent loads are safe); the folder keeps the CACHE_KEEP files used last. The caller names the file by
-    everything the result depends on (engine/models/registry.py: the weight files, the options). The file also
-    names the layers whose checkpoint weight equals, bit for bit, what their stored form stands for (the default
-    model's: its weights came from a Q4_0 / Q8_0 GGUF): their dense copy is then the checkpoint's tensor itself,
-    not rebuilt from the packed form (that took 1.0 s of the default model's 1.7 s load)."""
-    targets = [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
-               for parent_name, parent in module.named_modules() for name, child in parent.named_children()
-               if name in names and isinstance(child, nn.Linear)]
+
+def stored_forms(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
+                 cache: Path | None = None) -> dict[str, tuple[str, dict[str, torch.Tensor], bool]]:
+    """Each nn.Linear child named in `names`, by path: (its mode, its stored form (quantize_weight's), whether its
+    weight equals, bit for bit, what that form stands for (stored_dense)). The modes: `mode` ("int8" | "int4" |
+    "q8" | "bf16" | "auto": see choose_mode), the head (`head`) "auto"'s choice whatever `mode` is (int4 or q8
+    where lossless, else bf16).
+
+    `cache`: a file of exactly these forms. When it holds them, nothing is quantized (the default model: 0.1 s
+    instead of 3.4 s on 2 cores); otherwise they are made and, where that took CACHE_MIN_SECONDS or more, the file
+    is written (atomically: concurrent loads are safe); the folder keeps the CACHE_KEEP files used last. The
+    caller names the file by everything the result depends on (engine/models/registry.py: the weight files, the
+    options)."""
+    targets = _linears(module, names)
     shapes = {path: (child.out_features, child.in_features) for path, _, _, child in targets}
     cached = _read_cache(cache, shapes) if cache is not None else None
+    if cached is not None:
+        return cached
     started = time.perf_counter()
-    counts: dict[str, int] = {}
-    written: dict[str, tuple[str, dict[str, torch.Tensor], bool]] = {}
-    for path, parent, name, child in targets:
+    forms: dict[str, tuple[str, dict[str, torch.Tensor], bool]] = {}
+    for path, _, name, child in targets:
         weight = child.weight.detach()
-        if cached is not None:
-            chosen, stored, exact = cached[path]
-            dense = weight if exact else None
-        else:
-            chosen, made = _choose(weight, "auto" if name == head else mode, head=name == head)
-            stored = stored_linear(child, chosen, made)
-            dense = stored_dense(chosen, stored)
-            exact = torch.equal(dense, weight.float())
-            if exact:
-                dense = weight  # shared with the checkpoint, not a second copy of the same numbers
-            if cache is not None:
-                written[path] = (chosen, stored, exact)
-        setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m, dense))
+        chosen, made = _choose(weight, "auto" if name == head else mode, head=name == head)
+        stored = stored_linear(child, chosen, made)
+        forms[path] = (chosen, stored, torch.equal(stored_dense(chosen, stored), weight.float()))
+    if cache is not None and time.perf_counter() - started >= CACHE_MIN_SECONDS:
+        _write_cache(cache, forms)
+    return forms
+
+
+def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head: str = "lm_head",
+                     small_m: int | None = None, cache: Path | None = None) -> dict[str, int]:
+    """Replace every nn.Linear child whose attribute name is in `names` by a QuantLinear of its stored form
+    (stored_forms(module, mode, names, head, cache): the modes, and the cache file), in place; returns how many
+    layers took each mode. A tied weight (lm_head = embedding) stays the embedding's: the head gets its own
+    packed copy. small_m: see QuantLinear (None: the packed kernel's own limit). A layer whose checkpoint weight
+    is exactly what its stored form stands for (every layer of the default model: its weights came from a Q4_0 /
+    Q8_0 GGUF) keeps that tensor as its dense copy instead of one rebuilt from the packed form (that took 1.0 s
+    of the default model's 1.7 s load)."""
+    forms = stored_forms(module, mode, names, head, cache)
+    counts: dict[str, int] = {}
+    for path, parent, name, child in _linears(module, names):
+        chosen, stored, exact = forms[path]
+        setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m, child.weight.detach() if exact else None))
         counts[chosen] = counts.get(chosen, 0) + 1
-    if cache is not None and cached is None and time.perf_counter() - started >= CACHE_MIN_SECONDS:
-        _write_cache(cache, written)
     return counts
 
 

@@ -325,7 +325,7 @@ class LlamaForCausalLM(nn.Module):
                          cache.v_buffers[i].data_ptr()])
         if ok and rows and len(rows) == len(self.model.layers):
             table = torch.tensor(rows, dtype=torch.int64)
-        max_rows = F32_SMALL_M if 32 in kinds else native.MAX_ROWS
+        max_rows = F32_SMALL_M if kinds & {32, 33} else native.MAX_ROWS  # float32 weights (or their exact codes)
         self._fused_table = (key, table, max_rows)
         return table, max_rows
 

@@ -100,7 +100,16 @@ def build_model(config: ModelConfig, source: ModelSource, device: torch.device, 
         counts = quantize_linears(model, quantization, QUANTIZED_LINEARS, cache=cache)
         model.quantized_layers = counts  # e.g. {"int4": 210, "bf16": 1}: logged and reported by the runner
     elif device.type == "cpu" and dtype == torch.float32:  # exact weights: our GEMV for decode-sized batches
-        from sgnb.kernels.dense_linear import use_f32_gemv
+        from sgnb.engine.model_loader import quantized_weights_cache
+        from sgnb.kernels import native
+        from sgnb.kernels.dense_linear import may_have_exact_codes, use_f32_gemv
+        from sgnb.kernels.quant_linear import stored_forms
 
-        use_f32_gemv(model, QUANTIZED_LINEARS)
+        # weights from a 4-bit / 8-bit GGUF are exactly int8 codes per block: the GEMV reads those (a quarter of
+        # the bytes). Their forms come from the file the default ("auto") engine caches its layers in
+        cache = None if sharded or source.dummy else quantized_weights_cache(
+            source, "auto", QUANTIZED_LINEARS, str(dtype), native.available())
+        forms = stored_forms(model, "auto", QUANTIZED_LINEARS, cache=cache) \
+            if cache is not None and native.available() and may_have_exact_codes(model, QUANTIZED_LINEARS) else None
+        use_f32_gemv(model, QUANTIZED_LINEARS, forms)
     return model.eval()

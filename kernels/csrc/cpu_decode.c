@@ -827,6 +827,68 @@ int sgnb_f32_gemv(const float *w, const float *x, float *y, int64_t M, int64_t K
     return 0;
 }
 
+/* ---- float32 products over exactly compact weights: w = q * d + m per block of 32 ------------------------
+
+   The exact engine's linears whose float32 weights are, bit for bit, int8 codes q (N, K) with a float32 d and m
+   per block of 32 along K (weights converted from a Q4_0 / Q8_0 GGUF: kernels/dense_linear.py checks it): each
+   weight rebuilt in float32 by one fma (the same float as the weight: the caller checked), then float32 products
+   as sgnb_f32_gemv's, reading 1 byte a weight instead of 4. A column's every row is computed alike (two
+   accumulators a row, blocks in order), so each row's result depends only on that row, and threads split
+   columns. */
+
+struct qf32_job { const int8_t *q; const float *d, *m, *x; float *y; int64_t M, K, N; };
+
+/* columns n .. n + C - 1 against rows r0 .. r0 + R - 1 (C, R constants once inlined: the accumulators live in
+   registers); each (row, column) pair is computed the same way whatever C and R are */
+static inline __attribute__((always_inline)) void qf32_tile(const struct qf32_job *j, int64_t n, int64_t r0,
+                                                             const int C, const int R) {
+    const int64_t K = j->K, G = K / QK;
+    __m256 a[2][4], b[2][4];
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) a[c][r] = b[c][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        for (int c = 0; c < C; c++) {
+            const int8_t *qb = j->q + (n + c) * K + g * QK;
+            const __m256 dv = _mm256_set1_ps(j->d[(n + c) * G + g]), mv = _mm256_set1_ps(j->m[(n + c) * G + g]);
+            __m256 w[4];
+            for (int i = 0; i < 4; i++)
+                w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(qb + 8 * i)))), dv, mv);
+            for (int r = 0; r < R; r++) {
+                const float *xr = j->x + (r0 + r) * K + g * QK;
+                a[c][r] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), a[c][r]);
+                b[c][r] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), b[c][r]);
+                a[c][r] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), a[c][r]);
+                b[c][r] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), b[c][r]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) j->y[(r0 + r) * j->N + n + c] = hsum8(_mm256_add_ps(a[c][r], b[c][r]));
+}
+
+static void qf32_pair(const void *p, int64_t i) {  /* columns 2i, 2i + 1 (the last alone when N is odd) */
+    const struct qf32_job *j = p;
+    const int64_t n = 2 * i;
+    const int C = n + 1 < j->N ? 2 : 1;
+    for (int64_t r0 = 0; r0 < j->M;) {
+        const int64_t left = j->M - r0;
+        if (C == 2 && left >= 2) { qf32_tile(j, n, r0, 2, 2); r0 += 2; }
+        else if (C == 2) { qf32_tile(j, n, r0, 2, 1); r0 += 1; }
+        else if (left >= 4) { qf32_tile(j, n, r0, 1, 4); r0 += 4; }
+        else if (left >= 2) { qf32_tile(j, n, r0, 1, 2); r0 += 2; }
+        else { qf32_tile(j, n, r0, 1, 1); r0 += 1; }
+    }
+}
+
+int sgnb_qf32_gemv(const int8_t *q, const float *d, const float *m, const float *x, float *y, int64_t M, int64_t K,
+                   int64_t N, int nthreads) {
+    if (M < 1 || K % QK) return 1;
+    struct qf32_job job = {q, d, m, x, y, M, K, N};
+    par_for((N + 1) / 2, qf32_pair, &job, nthreads, 0);
+    return 0;
+}
+
 /* the activations' rounding as the kernels see it, for tests: xq (M, K) int8 and dx (M, K / 32) */
 int sgnb_quantize_rows(const float *x, int8_t *xq, float *dx, int64_t M, int64_t K) {
     if (K % QK) return 1;
@@ -996,9 +1058,8 @@ int sgnb_paged_decode(const float *q, const float *k_buf, const float *v_buf, co
    o_proj; h = rmsnorm(residual); x = down(silu(gate) * up). Then out = rmsnorm(x + residual) of the last layer.
 
    `table` holds one row of LAYER_FIELDS int64 per layer: pointers and the kind of each linear (4: q4, its
-   wq / wd / wm; 8: q8, its wq / wd; 32: float32, its W (N, K)), as the LF_*
-   indices say. x (B, hidden) holds the embeddings and gets
-   the final hidden states. */
+   wq / wd / wm; 8: q8, its wq / wd; 32: float32, its W (N, K); 33: float32 as exact codes, its q / d / m), as
+   the LF_* indices say. x (B, hidden) holds the embeddings and gets the final hidden states. */
 
 enum { LF_IN_NORM, LF_POST_NORM, LF_QKV, LF_QKV_BIAS = LF_QKV + 4, LF_O, LF_GATE_UP = LF_O + 4,
        LF_DOWN = LF_GATE_UP + 4, LF_K_BUF = LF_DOWN + 4, LF_V_BUF, LAYER_FIELDS };
@@ -1008,6 +1069,8 @@ static int linear(const int64_t *f, const float *x, float *y, int64_t M, int64_t
                                        M, K, N, nthreads);
     if (f[0] == 8) return sgnb_q8_gemv((const int8_t *)f[1], (const float *)f[2], x, y, M, K, N, nthreads);
     if (f[0] == 32) return sgnb_f32_gemv((const float *)f[1], x, y, M, K, N, nthreads);
+    if (f[0] == 33) return sgnb_qf32_gemv((const int8_t *)f[1], (const float *)f[2], (const float *)f[3], x, y, M, K,
+                                          N, nthreads);
     return 3;
 }
 

@@ -154,3 +154,18 @@ def test_float32_weights_take_the_fused_path_up_to_our_gemvs_rows():
     seen = _fused_by_batch("none", prompts)
     assert any(b > F32_SMALL_M for b, _ in seen) and any(b <= F32_SMALL_M for b, _ in seen), seen
     assert all(fused == (b <= F32_SMALL_M) for b, fused in seen), seen
+
+
+def test_the_default_models_exact_engine_reads_the_weights_exact_codes():
+    """The default model's weights came from Q4_0 / Q8_0 tensors, so in the exact engine each of its 121 linears
+    (the head too) runs on int8 codes that stand for its float32 weight bit for bit (kernels/dense_linear.py,
+    kind 33 of the one-call decode); the one-call decode equals the module path to float32 rounding."""
+    from sgnb.engine import Engine
+    from sgnb.kernels.dense_linear import F32Linear
+
+    with Engine("smollm2", quantization="none", max_total_tokens=2048) as eng:
+        layers = [m for m in eng.runner.model.modules() if isinstance(m, F32Linear)]
+        assert len(layers) == 4 * 30 + 1 and all(layer.codes is not None for layer in layers)
+        assert {native.linear_fields(layer)[0] for layer in layers} == {33}
+        steps = _both_paths(eng, ["The capital of France is", "Once upon a time, a"], new_tokens=3)
+        assert steps and max(d for d, _ in steps) < 1e-5, steps

@@ -268,6 +268,88 @@ def test_f32_layer_runs_our_gemv_up_to_its_rows_on_the_linears_own_weights(m):
     assert layer(x.view(m, 1, 96)).shape == (m, 1, 40)
 
 
+def _q4_0_weight(n: int, k: int, seed: int) -> torch.Tensor:
+    """A weight as a Q4_0 GGUF tensor dequantizes: d * (q - 8) per block of 32, d a float16, each block using
+    codes 0 and 15 (so its int4 form is exactly that grid)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(n, k // 32, 1, generator=g) * 0.02 + 0.001).half().float()
+    return ((q - 8).float() * d).view(n, k)
+
+
+@needs_native
+@pytest.mark.parametrize("n,k", [(1, 32), (7, 64), (40, 576), (13, 1536)])
+def test_qf32_gemv_equals_float64_and_each_row_its_own(n, k):
+    """int8 codes with a float32 d and m per block: against float64 over the weights they stand for; a row's
+    result is bit for bit its result alone, whatever rows sit beside it and however many threads split the
+    columns (as f32_gemv's)."""
+    g = torch.Generator().manual_seed(n * k)
+    q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    d, m = torch.rand(n, k // 32, generator=g) * 0.01, torch.randn(n, k // 32, generator=g) * 0.1
+    w = (q.float().view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k)
+    x = torch.randn(native.MAX_ROWS + 5, k, generator=g)
+    ref = x.double() @ w.double().t()
+    threads = torch.get_num_threads()
+    try:
+        for nth in (1, 3):
+            torch.set_num_threads(nth)
+            y = native.qf32_gemv(x, q, d, m)
+            torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+            for lo, hi in ((0, 1), (3, 4), (5, 12), (1, 17), (20, 21)):
+                assert torch.equal(native.qf32_gemv(x[lo:hi].contiguous(), q, d, m), y[lo:hi]), (nth, lo, hi)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(AssertionError):
+        native.qf32_gemv(x, q, d.double(), m)  # float32 scales
+
+
+@needs_native
+def test_weights_from_a_gguf_run_on_their_exact_codes_and_others_on_themselves():
+    """A weight that is exactly an int4 (Q4_0's) or q8 (Q8_0's) form gets its codes (a quarter of its bytes),
+    which stand for it bit for bit; its layer then computes what the float32 layer does. A float weight near that
+    grid, or off it, keeps the float32 GEMV over itself."""
+    from sgnb.kernels.dense_linear import F32Linear, exact_codes, may_have_exact_codes, use_f32_gemv
+    from sgnb.kernels.quant_linear import stored_forms
+
+    model = nn.Sequential()
+    model.add_module("qkv_proj", nn.Linear(96, 64, bias=True))
+    model.add_module("down_proj", nn.Linear(96, 64, bias=False))
+    model.add_module("lm_head", nn.Linear(96, 80, bias=False))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        model.qkv_proj.weight.copy_(_q4_0_weight(64, 96, seed=1))
+        model.down_proj.weight.copy_(_q4_0_weight(64, 96, seed=2) + 1e-6)  # near the grid, not on it
+        model.lm_head.weight.copy_(native.dequantize_q8(*native.quantize_q8(torch.randn(80, 96, generator=g))))
+    names = ("qkv_proj", "down_proj", "lm_head")
+    assert may_have_exact_codes(model, names)
+    forms = stored_forms(model, "auto", names)
+    assert {p: (mode, exact) for p, (mode, _, exact) in forms.items()} == {
+        "qkv_proj": ("int4", True), "down_proj": ("int4", False), "lm_head": ("q8", True)}
+    weights = {p: getattr(model, p).weight.detach().clone() for p in names}
+    for path, (mode, stored, exact) in forms.items():
+        q, d, m = exact_codes(mode, stored)
+        assert q.dtype == torch.int8 and q.shape == weights[path].shape and d.shape == m.shape == (q.shape[0], 3)
+        # one fma per weight (float64 holds q * d + m exactly here): the weight itself where the form is exact
+        rebuilt = (q.double().view(q.shape[0], 3, 32) * d.double()[..., None] + m.double()[..., None]).float()
+        assert torch.equal(rebuilt.view(q.shape), weights[path]) == exact, path
+    assert use_f32_gemv(model, names, forms) == 3
+    for path in names:
+        layer = getattr(model, path)
+        assert isinstance(layer, F32Linear) and (layer.codes is not None) == (path != "down_proj"), path
+        assert ("exact int8 codes" in layer.extra_repr()) == (layer.codes is not None)
+        for rows in (1, 6):
+            x = torch.randn(rows, 96, generator=g)
+            exact = x.double() @ weights[path].double().t()
+            if layer.bias is not None:
+                exact += layer.bias.double()
+            torch.testing.assert_close(layer(x).double(), exact, atol=1e-5, rtol=1e-5)
+        assert native.linear_fields(layer)[0] == (33 if layer.codes is not None else 32)
+    float_model = nn.Sequential()
+    float_model.add_module("qkv_proj", nn.Linear(96, 64))
+    assert not may_have_exact_codes(float_model, names)
+
+
 def _slot_table(lens: list[int], pool: int, seed: int, fragmented: bool) -> torch.Tensor:
     """req_to_token rows of the given lengths: random distinct slots, or one contiguous run per request."""
     g = torch.Generator().manual_seed(seed)

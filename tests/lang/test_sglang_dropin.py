@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -179,7 +180,7 @@ def test_openai_token_usage(server, engine):
 
 
 # ---- sgnb.Runtime as SGLang's Runtime, sgnb.Engine as its offline Engine ------------------------------------------
-def test_runtime_takes_sglangs_arguments_and_calls(tmp_path):
+def test_runtime_takes_sglangs_arguments_and_calls(tmp_path, monkeypatch):
     template = tmp_path / "plain.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
                         "{% if add_generation_prompt %}[assistant] {% endif %}")
@@ -200,9 +201,11 @@ def test_runtime_takes_sglangs_arguments_and_calls(tmp_path):
                                                                    "ignore_eos": True}))["text"]
         with pytest.raises(ValueError, match="embedding model"):
             rt.encode("Hello")
+        monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(tmp_path / "traces"))  # SGLang's setting
         rt.start_profile()
         rt.generate("Hi", {"max_new_tokens": 2})
         trace = rt.stop_profile()
+        assert Path(trace).parent == tmp_path / "traces"
         ops = [e for e in json.loads(open(trace).read())["traceEvents"] if e.get("cat") == "cpu_op"]
         assert any(e["name"] == "aten::embedding" for e in ops), "the trace missed the scheduler thread's ops"
         assert rt.url.startswith("http://127.0.0.1:")  # the engine over HTTP, started on first use
