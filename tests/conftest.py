@@ -144,7 +144,7 @@ def _sigint_stays_default(request):
 # exact fp32 one, which the HF oracle tests need and whose outputs do not depend on the batch or on what is cached
 # (tests that compare two paths token for token or logprob for logprob rely on that). A module whose assertions
 # hold for any model sets `ENGINE = "default"` and gets the engine a user gets, quantized as the CPU default is:
-# its decode step is ~4x faster (52 vs 13 ms a token at one thread), but a call of more rows than the packed
+# its decode step is ~2x faster (15 vs 29 ms a token at one thread), but a call of more rows than the packed
 # kernels take runs the dense weights, so its numbers depend on batching and cache hits. Its cache is flushed as
 # each such module starts, so a module sees the same cache whatever ran before it in the worker.
 @pytest.fixture(scope="session")
