@@ -8,10 +8,10 @@ does not depend on the rows beside it (a request's logits do not change with its
 rows; above, a GEMM's compute per weight wins and torch's runs. The decode forward in one call
 (native.decode_layers) takes these layers too (native.linear_fields).
 
-A weight that came from a Q4_0 / Q8_0 GGUF (the default model's) is, bit for bit, int8 codes with a float32
-scale and offset per block of 32 (`exact_codes`): there the GEMV reads those codes (1 byte a weight, not 4)
-and rebuilds each float32 weight with one fma before the same float32 products (native.qf32_gemv). The weights,
-and so the arithmetic, are the checkpoint's own.
+A weight that came from a Q4_0 / Q4_1 / Q8_0 GGUF (the default model's: Q4_1 and Q8_0) is, bit for bit, int8
+codes with a float32 scale and offset per block of 32 (`exact_codes`): there the GEMV reads those codes (1 byte a
+weight, not 4) and rebuilds each float32 weight with one fma before the same float32 products
+(native.qf32_gemv). The weights, and so the arithmetic, are the checkpoint's own.
 """
 
 from __future__ import annotations

@@ -334,8 +334,8 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
     (stored_forms(module, mode, names, head, cache): the modes, and the cache file), in place; returns how many
     layers took each mode. A tied weight (lm_head = embedding) stays the embedding's: the head gets its own
     packed copy. small_m: see QuantLinear (None: the packed kernel's own limit). A layer whose checkpoint weight
-    is exactly what its stored form stands for (every layer of the default model: its weights came from a Q4_0 /
-    Q8_0 GGUF) keeps that tensor as its dense copy instead of one rebuilt from the packed form (that took 1.0 s
+    is exactly what its stored form stands for (every layer of the default model: its weights came from Q4_1 /
+    Q8_0 GGUF tensors) keeps that tensor as its dense copy instead of one rebuilt from the packed form (that took 1.0 s
     of the default model's 1.7 s load)."""
     forms = stored_forms(module, mode, names, head, cache)
     counts: dict[str, int] = {}

@@ -830,7 +830,7 @@ int sgnb_f32_gemv(const float *w, const float *x, float *y, int64_t M, int64_t K
 /* ---- float32 products over exactly compact weights: w = q * d + m per block of 32 ------------------------
 
    The exact engine's linears whose float32 weights are, bit for bit, int8 codes q (N, K) with a float32 d and m
-   per block of 32 along K (weights converted from a Q4_0 / Q8_0 GGUF: kernels/dense_linear.py checks it): each
+   per block of 32 along K (weights converted from a Q4_0 / Q4_1 / Q8_0 GGUF: kernels/dense_linear.py): each
    weight rebuilt in float32 by one fma (the same float as the weight: the caller checked), then float32 products
    as sgnb_f32_gemv's, reading 1 byte a weight instead of 4. A column's every row is computed alike (two
    accumulators a row, blocks in order), so each row's result depends only on that row, and threads split

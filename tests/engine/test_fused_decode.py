@@ -157,7 +157,7 @@ def test_float32_weights_take_the_fused_path_up_to_our_gemvs_rows():
 
 
 def test_the_default_models_exact_engine_reads_the_weights_exact_codes():
-    """The default model's weights came from Q4_0 / Q8_0 tensors, so in the exact engine each of its 121 linears
+    """The default model's weights came from Q4_1 / Q8_0 tensors, so in the exact engine each of its 121 linears
     (the head too) runs on int8 codes that stand for its float32 weight bit for bit (kernels/dense_linear.py,
     kind 33 of the one-call decode); the one-call decode equals the module path to float32 rounding."""
     from sgnb.engine import Engine
