@@ -14,6 +14,9 @@ UV := $(BIN)/uv
 # a LLaVA class from transformers 20 s instead of 8.6; the suite starts ~150 processes). Our own package is
 # compiled by `bytecode` below (Python ignores a stale .pyc: an edited file is compiled in memory as before).
 UV_FLAGS := -q --compile-bytecode --python $(BIN)/python
+# NO_DEPS below without it: uv compiled all of SGLang (17 of that step's 22 s), whose 45 modules the interop tests
+# import cost the same from source (`import sglang` is 8 s either way: it imports torch and transformers)
+UV_FLAGS_NO_BYTECODE := -q --python $(BIN)/python
 OWN_SOURCES := sgnb engine kernels kernel_ext widgets
 TORCH_LOCK ?= torch==2.13.0+cpu
 # installed without their declared dependencies: SGLang's frontend (an interop client in tests; its deps include
@@ -39,7 +42,7 @@ $(STAMP): pyproject.toml Makefile setup.py $(LOCK) labextension/package.json lab
 		$(UV) pip sync $(UV_FLAGS) $(FIND) $(LOCK); \
 	fi
 	$(UV) pip install $(UV_FLAGS) --no-deps -e .
-	$(UV) pip install $(UV_FLAGS) --no-deps $(NO_DEPS)
+	$(UV) pip install $(UV_FLAGS_NO_BYTECODE) --no-deps $(NO_DEPS)
 	# what the benchmark peers install against: the venv's torch, so nothing pulls a CUDA build
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
 	touch $(STAMP)

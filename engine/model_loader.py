@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,24 +194,12 @@ def _gguf_cache_key(gguf_path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _converting(entry: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the cache folder (flock on the folder itself: no lock file in it) for the
-    block: of processes that start together (a kernel, a server, test workers) the first converts (~9 s of
-    CPU for the default model), the others wait and then find the entry made. Where the file system refuses
-    locks, each process converts on its own as before (the rename keeps that safe)."""
-    import fcntl
+def _converting(entry: Path) -> contextlib.AbstractContextManager[None]:
+    """The cache folder's lock (sgnb/folder_lock.py) for a conversion: of processes that start together the first
+    converts (~9 s of CPU for the default model), the others wait and then find the entry made."""
+    from sgnb.folder_lock import folder_lock
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(entry.parent, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return folder_lock(entry.parent)
 
 
 def _convert_into(gguf_path: Path, entry: Path) -> None:

@@ -61,6 +61,20 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+def _compile(cc: str, cache: Path, out: Path) -> None:
+    """cpu_decode.c into `out`, atomically (a temporary file renamed into place)."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
+        if res.returncode:
+            raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _build() -> ctypes.CDLL:
     cc = _compiler()
     if cc is None:
@@ -70,18 +84,11 @@ def _build() -> ctypes.CDLL:
     cache = Path(os.environ.get("SGNB_CACHE_DIR") or Path.home() / ".cache" / "sgnb") / "native"
     out = cache / f"cpu_decode-{key}.so"
     if not out.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        try:
-            res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                                 timeout=300)
-            if res.returncode:
-                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-2000:]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        from sgnb.folder_lock import folder_lock
+
+        with folder_lock(cache):  # processes starting together compile once (~9 s), not each
+            if not out.exists():
+                _compile(cc, cache, out)
     lib = ctypes.CDLL(str(out))
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.sgnb_q8_gemv.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]

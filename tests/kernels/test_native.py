@@ -483,3 +483,33 @@ def test_elementwise_kernels_equal_the_torch_references(rows):
 
     gu = torch.randn(rows, 2 * 1536, generator=g) * 4
     torch.testing.assert_close(native.silu_mul(gu), silu_and_mul_ref(gu), atol=1e-5, rtol=1e-5)
+
+
+@needs_native
+def test_processes_that_start_together_compile_the_kernels_once(tmp_path):
+    """Three processes load the C kernels from an empty cache at once: one compiles (the compiler here stands in
+    for cc, copies the library this session built and says that it ran), the others wait on the cache folder's
+    lock and load its library."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    built = native._need()._name  # the library this session compiled or found
+    calls = tmp_path / "calls"
+    cc = tmp_path / "cc"
+    cc.write_text(f"""#!/bin/sh
+if [ "$1" = "--version" ]; then echo "stand-in cc 1"; exit 0; fi
+while [ "$1" != "-o" ]; do shift; done
+echo x >> {calls}
+sleep 1.5
+cp {built} "$2"
+""")
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "CC": str(cc), "SGNB_CACHE_DIR": str(tmp_path / "cache")}
+    script = "from sgnb.kernels import native; assert native.available(), native.unavailable_reason(); print('ok')"
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(3)]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["ok"] * 3
+    assert calls.read_text() == "x\n"
+    assert [p.suffix for p in (tmp_path / "cache" / "native").iterdir()] == [".so"]  # no lock or temporary file
