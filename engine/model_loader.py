@@ -18,7 +18,6 @@ that reads $SGNB_CACHE_DIR.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -157,7 +156,11 @@ def _resolve_hf_dir(path: Path) -> ModelSource:
 def _resolve_gguf(gguf_path: Path, name: str, cache_dir: str | Path | None) -> ModelSource:
     entry = _cache_root(cache_dir) / f"{name}-{_gguf_cache_key(gguf_path)}"
     if not (entry / "config.json").is_file():
-        with _converting(entry):
+        from sgnb.folder_lock import folder_lock
+
+        # of processes that start together the first converts (~9 s of CPU for the default model), the others
+        # wait on the cache folder's lock and then find the entry made
+        with folder_lock(entry.parent):
             if not (entry / "config.json").is_file():
                 _convert_into(gguf_path, entry)
     return ModelSource(name=name, path=entry, config=ModelConfig.from_json(entry / "config.json"), dummy=False)
@@ -194,17 +197,9 @@ def _gguf_cache_key(gguf_path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
-def _converting(entry: Path) -> contextlib.AbstractContextManager[None]:
-    """The cache folder's lock (sgnb/folder_lock.py) for a conversion: of processes that start together the first
-    converts (~9 s of CPU for the default model), the others wait and then find the entry made."""
-    from sgnb.folder_lock import folder_lock
-
-    return folder_lock(entry.parent)
-
-
 def _convert_into(gguf_path: Path, entry: Path) -> None:
     """Convert `gguf_path` into the cache directory `entry`, atomically (temp dir + rename). Called under
-    `_converting`, which made the folder."""
+    the cache folder's lock, which made the folder."""
     _remove_stale_temp_dirs(entry)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
     try:
