@@ -92,12 +92,11 @@ def use_f32_gemv(module: nn.Module, names: tuple[str, ...],
     (kernels/quant_linear.py stored_forms), whose exact ones give the layers their codes (exact_codes). Nothing
     where our kernels do not build."""
     from sgnb.kernels import native
+    from sgnb.kernels.quant_linear import named_linears
 
     if not native.available():
         return 0
-    targets = [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
-               for parent_name, parent in module.named_modules() for name, child in parent.named_children()
-               if name in names and isinstance(child, nn.Linear) and takes(child)]
+    targets = [t for t in named_linears(module, names) if takes(t[3])]
     for path, parent, name, child in targets:
         form = (forms or {}).get(path)
         codes = exact_codes(form[0], form[1]) if form is not None and form[2] else None
@@ -109,10 +108,9 @@ def may_have_exact_codes(module: nn.Module, names: tuple[str, ...]) -> bool:
     """A cheap look before stored_forms (which quantizes every layer the first time): whether the first of these
     layers' first 64 rows lie on an int4 or a Q8_0 grid, as weights from a 4-bit or 8-bit GGUF do (a float
     checkpoint's do not)."""
-    from sgnb.kernels.quant_linear import int4_is_lossless, q8_is_lossless
+    from sgnb.kernels.quant_linear import int4_is_lossless, named_linears, q8_is_lossless
 
-    first = next((child for parent in module.modules() for name, child in parent.named_children()
-                  if name in names and isinstance(child, nn.Linear) and takes(child)), None)
+    first = next((child for _, _, _, child in named_linears(module, names) if takes(child)), None)
     if first is None:
         return False
     rows = first.weight.detach()[:64]

@@ -292,7 +292,7 @@ def _choose(w: torch.Tensor, requested: str, head: bool) -> tuple[str, dict[str,
     return requested, None
 
 
-def _linears(module: nn.Module, names: tuple[str, ...]) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+def named_linears(module: nn.Module, names: tuple[str, ...]) -> list[tuple[str, nn.Module, str, nn.Linear]]:
     """(path, parent, attribute name, linear) of every nn.Linear child of `module` named in `names`."""
     return [(f"{parent_name}.{name}".lstrip("."), parent, name, child)
             for parent_name, parent in module.named_modules() for name, child in parent.named_children()
@@ -311,7 +311,7 @@ def stored_forms(module: nn.Module, mode: str, names: tuple[str, ...], head: str
     is written (atomically: concurrent loads are safe); the folder keeps the CACHE_KEEP files used last. The
     caller names the file by everything the result depends on (engine/models/registry.py: the weight files, the
     options)."""
-    targets = _linears(module, names)
+    targets = named_linears(module, names)
     shapes = {path: (child.out_features, child.in_features) for path, _, _, child in targets}
     cached = _read_cache(cache, shapes) if cache is not None else None
     if cached is not None:
@@ -339,7 +339,7 @@ def quantize_linears(module: nn.Module, mode: str, names: tuple[str, ...], head:
     of the default model's 1.7 s load)."""
     forms = stored_forms(module, mode, names, head, cache)
     counts: dict[str, int] = {}
-    for path, parent, name, child in _linears(module, names):
+    for path, parent, name, child in named_linears(module, names):
         chosen, stored, exact = forms[path]
         setattr(parent, name, QuantLinear.from_stored(chosen, stored, small_m, child.weight.detach() if exact else None))
         counts[chosen] = counts.get(chosen, 0) + 1
