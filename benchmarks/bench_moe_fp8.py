@@ -5,6 +5,9 @@ error):
 - "gemv": the small-M FP8 kernel's tiles swept per BLOCK_M on the decode linears of Llama-2-7B and Qwen3-8B at
   M = 1 / 2 / 4 / 8, beside bf16 F.linear, _scaled_mm and the tiled kernel, each reading its weights from HBM
   (rotating copies); the best tile per BLOCK_M is used by the parts after it in the same run (put it first).
+- "moe_gemv": the few-token MoE GEMV kernels' tiles swept at one token on a Qwen3-30B-A3B layer (weights rotated
+  past the L2), then the GEMV and grouped paths at T = 1 .. 16 against their floor; the best tiles are used by
+  the parts after it in the same run (put it before "moe").
 - "kernels": correctness and speed of the kernels alone on the real shapes. FP8 linears of Llama-2-7B (4096 ->
   12288 q/k/v, 4096 -> 22016 gate/up, 11008 -> 4096 down) at M = 1 / 8 / 64: _scaled_mm (per-token activations)
   and our Triton kernel (per-channel and 128-block scales) against fp8_linear_ref and against bf16 F.linear,
@@ -132,6 +135,63 @@ def kernel_rows(args: argparse.Namespace) -> dict:
         row = {"T": T, "experts_read": experts, "ms": round(ms, 4), "floor_ms": round(floor, 4),
                "x_floor": round(ms / floor, 2), "max_rel_err_vs_fp32": float(f"{rel:.3g}")}
         out["fused_moe"].append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+# ---- the MoE GEMV kernels (few tokens) ------------------------------------------------------------------------
+MOE_GEMV_TILES = [(bn, bk, w) for bn in (4, 8, 16) for bk in (256, 512, 1024) for w in (4, 8)]
+
+
+def moe_gemv_part(args: argparse.Namespace) -> dict:
+    """One Qwen3-30B-A3B MoE layer (128 experts, top 8, 2048 -> 768, bf16) at T = 1 / 2 / 4 / 8 / 16 tokens: the
+    GEMV kernels (each tile of MOE_GEMV_TILES for gate/up and for down at T = 1, the best pair then at every T)
+    against the grouped GEMM, both against fused_moe_ref in fp32 and against the floor (the distinct experts
+    routed to, read once). The layer's weights are rotated over copies that together exceed the L2, so each
+    call reads its experts from HBM. The best tiles are set in kernels.moe for the parts after this one."""
+    import torch
+
+    from sgnb.kernels import moe
+
+    torch.manual_seed(0)
+    E, k, H, inter = 128, 8, 2048, 768
+    copies = 3  # 3 x 1.2 GB: a call's experts are never in the L2 from the call before
+    w13s = [torch.randn(E, 2 * inter, H, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    w2s = [torch.randn(E, H, inter, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    out: dict = {"tiles_t1": [], "rows": []}
+
+    def timed(T: int, fn) -> float:
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        routes = [moe.select_experts(torch.randn(T, E, device="cuda"), k, renormalize=True) for _ in range(copies)]
+        calls = [partial(fn, x, w13s[i], w2s[i], *routes[i]) for i in range(copies)]
+        return _rotating_ms(calls)
+
+    for which in ("up", "down"):
+        best = None
+        accumulators = 2 if which == "up" else 1  # gate and up
+        for tile in MOE_GEMV_TILES:  # the (BN, BK) float32 accumulators kept to <= 64 floats a thread
+            if accumulators * tile[0] * tile[1] > 64 * 32 * tile[2]:
+                continue
+            ms = timed(1, partial(moe._fused_moe_gemv, tiles={which: tile}))
+            out["tiles_t1"].append({"kernel": which, "tile": tile, "ms": round(ms, 4)})
+            if best is None or ms < best[1]:
+                best = (tile, ms)
+        moe.GEMV_TILES[which] = best[0]
+        print(json.dumps({"kernel": which, "best_tile": best[0], "ms_both_kernels": round(best[1], 4)}), flush=True)
+    out["best_tiles"] = dict(moe.GEMV_TILES)
+    for T in (1, 2, 4, 8, 16):
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        weights, ids = moe.select_experts(torch.randn(T, E, device="cuda"), k, renormalize=True)
+        ref = moe.fused_moe_ref(x.float(), w13s[0].float(), w2s[0].float(), weights, ids)
+        row = {"T": T, "experts_read": int(ids.unique().numel()), "default_path":
+               "gemv" if moe.use_moe_gemv(T, E, k) else "grouped"}
+        row["floor_ms"] = round(row["experts_read"] * 3 * inter * H * 2 / BW * 1e3, 4)
+        for name, gemv in (("gemv", True), ("grouped", False)):
+            got = moe._fused_moe_triton(x, w13s[0], w2s[0], weights, ids, gemv=gemv).float()
+            row[f"{name}_max_rel_err"] = float(f"{((got - ref).abs().max() / ref.abs().max()).item():.3g}")
+            row[f"{name}_ms"] = round(timed(T, partial(moe._fused_moe_triton, gemv=gemv)), 4)
+        row["gemv_over_grouped"] = round(row["gemv_ms"] / row["grouped_ms"], 2)
+        out["rows"].append(row)
         print(json.dumps(row), flush=True)
     return out
 
@@ -455,7 +515,7 @@ def smollm2_part(args: argparse.Namespace) -> dict:
     return out
 
 
-PARTS = {"gemv": gemv_part, "kernels": kernel_rows, "moe": moe_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
+PARTS = {"gemv": gemv_part, "moe_gemv": moe_gemv_part, "kernels": kernel_rows, "moe": moe_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
 
 
 def main() -> int:
@@ -488,6 +548,8 @@ def main() -> int:
             result["errors"][part] = f"{type(e).__name__}: {e}"[:600]
             traceback.print_exc()
         result.setdefault("part_seconds", {})[part] = round(time.perf_counter() - t0, 1)
+        gc.collect()
+        torch.cuda.empty_cache()  # a part's tensors are gone: their memory back for the next part's engine
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"errors": result["errors"], "part_seconds": result["part_seconds"]}), flush=True)
     return 0

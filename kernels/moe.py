@@ -8,6 +8,11 @@ applied to each pair's row, and finally a sum over each token's k rows. A block 
 once for up to BLOCK_M pairs, and only experts some token routes to have blocks: a decode step of one token
 reads k experts, not all of them (the blocks past the padded total exit at once).
 
+A call of a few tokens (a decode step at small batch: `use_moe_gemv`) takes two GEMV kernels instead, with no
+sorting: per (token, expert) pair its gate and up rows streamed along K with SiLU-and-mul applied, then per token
+its experts' down rows, routing weights and sum in one program. At one token the grouped GEMM fills a 16-row
+tl.dot tile with one real row and launches four more kernels (align, activation, the sum).
+
 `fused_moe_ref` is the torch reference (a loop over the experts that are hit): the CPU path and the oracle.
 """
 
@@ -221,8 +226,101 @@ def _block_m(pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+# ---- few tokens (decode): one GEMV per (token, expert) pair ---------------------------------------------------
+@jit
+def _moe_gemv_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, INTER, K, stride_x, stride_we, stride_wn, stride_act,
+                        TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # act[p, n] = silu(x[t] . w13[e, n]) * (x[t] . w13[e, INTER + n]) for pair p = t * TOP_K + j, e = ids[p]: the
+    # program streams BLOCK_N gate rows and the matching up rows of its expert along K, where they are
+    # contiguous, into (BLOCK_N, BLOCK_K) float32 accumulators summed over K once at the end
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    offs_k = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + (p // TOP_K).to(tl.int64) * stride_x
+    gate_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn  # (BN, 1)
+    up_rows = gate_rows + INTER * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        xk = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # (1, BK)
+        mask = n_ok[:, None] & k_ok[None, :]
+        acc_g += tl.load(gate_rows + k[None, :], mask=mask, other=0.0).to(tl.float32) * xk
+        acc_u += tl.load(up_rows + k[None, :], mask=mask, other=0.0).to(tl.float32) * xk
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    act = g / (1.0 + tl.exp(-g)) * u
+    tl.store(act_ptr + p.to(tl.int64) * stride_act + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
+
+
+@jit
+def _moe_gemv_down_kernel(act_ptr, w_ptr, y_ptr, ids_ptr, weights_ptr, H, K, stride_act, stride_we, stride_wn,
+                          stride_y, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # y[t, n] = sum_j weights[t, j] * (act[t * TOP_K + j] . w2[ids[t, j], n]): the down projections of a token's
+    # TOP_K experts, their routing weights and their sum in one program per (token, BLOCK_N output columns)
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_k = tl.arange(0, BLOCK_K)
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(TOP_K):
+        p = t * TOP_K + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn  # (BN, 1)
+        a_row = act_ptr + p.to(tl.int64) * stride_act
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < K
+            a = tl.load(a_row + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # (1, BK)
+            acc += tl.load(rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
+        out += tl.load(weights_ptr + p) * tl.sum(acc, axis=1)
+    tl.store(y_ptr + t.to(tl.int64) * stride_y + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+# (BLOCK_N, BLOCK_K, num_warps) of the two GEMV kernels
+GEMV_TILES = {"up": (8, 512, 4), "down": (8, 512, 4)}
+
+
+def use_moe_gemv(tokens: int, num_experts: int, top_k: int) -> bool:
+    """Whether a call of `tokens` tokens takes the GEMV kernels: one token, or so few pairs that the tokens'
+    experts rarely coincide (each pair reads its expert's weights itself; the grouped GEMM reads a shared expert
+    once)."""
+    return tokens == 1 or tokens * top_k * 4 <= num_experts
+
+
+def _fused_moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, tiles: dict[str, tuple[int, int, int]] | None = None) -> torch.Tensor:
+    """fused_moe for few tokens in two launches, no sorting: gate/up with SiLU-and-mul per pair, then per token
+    its experts' down projections, weighted and summed. `tiles` overrides GEMV_TILES (the benchmark's sweep)."""
+    T, H = x.shape
+    E, two_i, _ = w13.shape
+    inter, k = two_i // 2, topk_ids.shape[1]
+    tiles = {**GEMV_TILES, **(tiles or {})}
+    x = x.contiguous()
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
+    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)  # (P, I), row = pair
+    y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    if T:
+        bn, bk, warps = tiles["up"]
+        _moe_gemv_up_kernel[(T * k, cdiv(inter, bn))](x, w13, act, ids, inter, H, x.stride(0), w13.stride(0),
+                                                      w13.stride(1), act.stride(0), TOP_K=k, BLOCK_N=bn,
+                                                      BLOCK_K=bk, num_warps=warps)
+        bn, bk, warps = tiles["down"]
+        _moe_gemv_down_kernel[(T, cdiv(H, bn))](act, w2, y, ids, weights, H, inter, act.stride(0), w2.stride(0),
+                                                w2.stride(1), y.stride(0), TOP_K=k, BLOCK_N=bn, BLOCK_K=bk,
+                                                num_warps=warps)
+    return y
+
+
 def _fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, block_m: int | None = None) -> torch.Tensor:
+                      topk_ids: torch.Tensor, block_m: int | None = None, gemv: bool | None = None) -> torch.Tensor:
+    """The Triton fused MoE: the GEMV kernels for few tokens (use_moe_gemv), else the grouped GEMM (block_m
+    rows a block); `gemv` forces one or the other."""
     from sgnb.kernels.activation import silu_and_mul
 
     assert triton is not None
@@ -231,6 +329,8 @@ def _fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
     k = topk_ids.shape[1]
     assert w13.shape[2] == H and w2.shape == (E, H, two_i // 2), (x.shape, w13.shape, w2.shape)
     assert topk_ids.shape == topk_weights.shape == (T, k), (topk_ids.shape, topk_weights.shape)
+    if gemv if gemv is not None else use_moe_gemv(T, E, k):
+        return _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids)
     bm = block_m or _block_m(T * k, E)
     align = _moe_align_triton if T * k <= ALIGN_MAX_PAIRS else moe_align
     sorted_pairs, block_expert, total = align(topk_ids, E, bm)

@@ -52,12 +52,33 @@ def test_align_groups_pairs_by_expert(align):
     assert sorted(seen) == list(range(P)) and pairs[n:].eq(P).all()
 
 
+@pytest.mark.parametrize("gemv", [False, True], ids=["grouped", "gemv"])
 @pytest.mark.parametrize("T,E,k,H,inter", [(1, 8, 2, 32, 16), (5, 4, 2, 48, 24), (19, 6, 3, 32, 40)])
-def test_triton_equals_reference(T, E, k, H, inter):
+def test_triton_equals_reference(T, E, k, H, inter, gemv):
+    """Both Triton paths (the grouped GEMM and the few-token GEMV kernels, forced), on shapes whose K and
+    intermediate size are not multiples of the tiles, against the reference."""
     x, w13, w2, weights, ids = _case(T, E, k, H, inter)
     want = fused_moe_ref(x, w13, w2, weights, ids)
-    got = _fused_moe_triton(*_dev(x, w13, w2, weights, ids)).cpu()
+    got = _fused_moe_triton(*_dev(x, w13, w2, weights, ids), gemv=gemv).cpu()
     torch.testing.assert_close(got, want, rtol=DOT_TOL, atol=DOT_TOL)
+
+
+def test_gemv_kernels_cover_several_tiles_and_bf16():
+    """The GEMV kernels with tiles smaller than the shapes (several programs along the outputs, several steps
+    along K, ragged ends) and on bf16 inputs (float32 accumulation, one rounding of the intermediate), and the
+    dispatch: one token or few pairs per expert take them."""
+    from sgnb.kernels.moe import _fused_moe_gemv, use_moe_gemv
+
+    x, w13, w2, weights, ids = _case(3, 32, 4, 72, 40, seed=1)
+    want = fused_moe_ref(x, w13, w2, weights, ids)
+    tiles = {"up": (8, 32, 1), "down": (16, 16, 1)}
+    got = _fused_moe_gemv(*_dev(x, w13, w2, weights, ids), tiles=tiles).cpu()
+    torch.testing.assert_close(got, want, rtol=DOT_TOL, atol=DOT_TOL)
+    got = _fused_moe_gemv(*_dev(x.bfloat16(), w13.bfloat16(), w2.bfloat16(), weights, ids), tiles=tiles).cpu()
+    want = fused_moe_ref(x.bfloat16().float(), w13.bfloat16().float(), w2.bfloat16().float(), weights, ids)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    assert use_moe_gemv(1, 8, 2) and use_moe_gemv(4, 128, 8) and not use_moe_gemv(8, 128, 8)
+    assert not use_moe_gemv(2, 8, 2)  # Mixtral: two tokens' four pairs over 8 experts share them often
 
 
 def test_triton_align_matches_torch_align():
