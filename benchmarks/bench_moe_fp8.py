@@ -403,6 +403,15 @@ def hf_moe_rows(args: argparse.Namespace) -> list[dict]:
 
 def moe_part(args: argparse.Namespace) -> dict:
     out: dict = {"engine": engine_decode("dummy:qwen3-30b-a3b", args, _moe_weights)}
+    if args.moe_grouped_batches:  # the same rows with every MoE call on the grouped GEMM (the path before the GEMVs)
+        from sgnb.kernels import moe
+
+        gemv, moe.use_moe_gemv = moe.use_moe_gemv, lambda *a: False
+        try:
+            grouped = argparse.Namespace(**{**vars(args), "batches": args.moe_grouped_batches})
+            out["engine_grouped_only"] = engine_decode("dummy:qwen3-30b-a3b", grouped, _moe_weights)
+        finally:
+            moe.use_moe_gemv = gemv
     if args.hf:
         try:
             out["hf"] = hf_moe_rows(args)
@@ -529,6 +538,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed per batch")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--hf-steps", type=int, default=16)
+    ap.add_argument("--moe-grouped-batches", default="", help="the moe part also runs these batches with the "
+                    "grouped GEMM at every size (e.g. 1), for the GEMV kernels' effect end to end")
     ap.add_argument("--fp8-model", default="dummy:llama-2-7b")
     ap.add_argument("--quality-model", default="dummy:llama-2-7b-smolvocab")
     ap.add_argument("--real-model", default="smollm2")

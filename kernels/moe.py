@@ -281,15 +281,19 @@ def _moe_gemv_down_kernel(act_ptr, w_ptr, y_ptr, ids_ptr, weights_ptr, H, K, str
     tl.store(y_ptr + t.to(tl.int64) * stride_y + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-# (BLOCK_N, BLOCK_K, num_warps) of the two GEMV kernels
-GEMV_TILES = {"up": (8, 512, 4), "down": (8, 512, 4)}
+# (BLOCK_N, BLOCK_K, num_warps) of the two GEMV kernels: the fastest of `bench_moe_fp8.py --parts moe_gemv`'s
+# sweep at one token on an H100 (2026-12-07, a Qwen3-30B-A3B layer, weights read from HBM;
+# benchmarks/results/2026-12-07-gpu-moe-gemv.json): up 0.0430 ms against 0.0437-0.0472 for the others, down
+# 0.0353 against 0.0366-0.0775 (each beside the other kernel at its first tile)
+GEMV_TILES = {"up": (16, 256, 4), "down": (4, 1024, 8)}
 
 
 def use_moe_gemv(tokens: int, num_experts: int, top_k: int) -> bool:
     """Whether a call of `tokens` tokens takes the GEMV kernels: one token, or so few pairs that the tokens'
     experts rarely coincide (each pair reads its expert's weights itself; the grouped GEMM reads a shared expert
-    once)."""
-    return tokens == 1 or tokens * top_k * 4 <= num_experts
+    once). Same H100 run, 128 experts, top 8: GEMV / grouped time 0.83x at one token, 0.98x at two, 1.04x at
+    four, 1.13x at eight."""
+    return tokens == 1 or tokens * top_k * 8 <= num_experts
 
 
 def _fused_moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

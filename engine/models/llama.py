@@ -411,8 +411,8 @@ class LlamaForCausalLM(nn.Module):
         Every HF tensor is drawn whole from its own seed, then this rank's shard is kept (and fused parts
         stacked): the model is the same at every tensor-parallel size (so tp outputs can be compared on random
         weights too)."""
-        self.to_empty(device=device)
-        self.to(dtype)
+        self.to(dtype)  # still on the meta device: the storage is made in `dtype` (not float32 first: a 30B
+        self.to_empty(device=device)  # model's float32 copy would not fit an 80 GB card)
         self.tie_weights()
         with torch.device("meta"):
             whole = type(self)(self.config, self.max_positions)

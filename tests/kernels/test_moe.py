@@ -77,7 +77,7 @@ def test_gemv_kernels_cover_several_tiles_and_bf16():
     got = _fused_moe_gemv(*_dev(x.bfloat16(), w13.bfloat16(), w2.bfloat16(), weights, ids), tiles=tiles).cpu()
     want = fused_moe_ref(x.bfloat16().float(), w13.bfloat16().float(), w2.bfloat16().float(), weights, ids)
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
-    assert use_moe_gemv(1, 8, 2) and use_moe_gemv(4, 128, 8) and not use_moe_gemv(8, 128, 8)
+    assert use_moe_gemv(1, 8, 2) and use_moe_gemv(2, 128, 8) and not use_moe_gemv(4, 128, 8)
     assert not use_moe_gemv(2, 8, 2)  # Mixtral: two tokens' four pairs over 8 experts share them often
 
 
