@@ -3,6 +3,8 @@ sgnb's in the same run (benchmarks/bench_attention.py --engine gives sgnb's rows
 
 - gpt-fast: pytorch-labs/gpt-fast's `model.py` (its public repository, kept out of this tree: pass its folder),
   the decode step compiled with mode="reduce-overhead", fullgraph, as its generate.py does; greedy argmax.
+- gpt-fast-int8: the same with gpt-fast's weight-only int8 linears (its quantize.py, per-channel scales), the
+  quantized peer of our FP8 rows.
 - HF transformers: `generate` with greedy decoding, per-token time = (time(n + k tokens) - time(n)) / k.
 
     python3 benchmarks/bench_decode_peers.py --gpt-fast-dir .gpu/gpt-fast --batches 1,8,64,128 --out x.json
@@ -21,16 +23,47 @@ from pathlib import Path
 import torch
 
 
-def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int) -> list[dict]:
-    spec = importlib.util.spec_from_file_location("gpt_fast_model", Path(folder) / "model.py")
+def _load(folder: str, name: str, as_name: str):
+    spec = importlib.util.spec_from_file_location(as_name, Path(folder) / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpt_fast_model"] = mod
+    sys.modules[as_name] = mod
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _int8(folder: str, model_mod, model):
+    """gpt-fast's weight-only int8 (its quantize.py: per-channel int8 weights, bf16 scales) of `model`'s
+    random bf16 weights, as its `quantize.py --mode int8` checkpoint would hold them."""
+    import types
+
+    saved = {k: sys.modules.get(k) for k in ("model", "tokenizer")}
+    sys.modules["model"] = model_mod  # quantize.py imports `from model import Transformer`
+    sys.modules["tokenizer"] = types.SimpleNamespace(get_tokenizer=None)  # and a tokenizer it does not use here
+    try:
+        quantize = _load(folder, "quantize", "gpt_fast_quantize")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    handler = quantize.WeightOnlyInt8QuantHandler(model)
+    state = handler.create_quantized_state_dict()
+    model = handler.convert_for_runtime()
+    model.load_state_dict(state, assign=True)
+    return model.to("cuda")
+
+
+def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, quant: str = "bf16") -> list[dict]:
+    """gpt-fast's decode step at each batch; quant "int8": its weight-only int8 linears (the quantized peer)."""
+    mod = _load(folder, "model", "gpt_fast_model")
     with torch.device("cuda"):
         model = mod.Transformer(mod.ModelArgs.from_name("7B"))
     model = model.to(torch.bfloat16).eval()
     for p in model.parameters():  # small random weights: finite activations through 32 layers
         p.data.normal_(0.0, 0.02)
+    if quant == "int8":
+        model = _int8(folder, mod, model)
 
     def step(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         logits = model(x, pos)
@@ -59,7 +92,8 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int) -> 
                 cur = compiled(cur, pos).clone()
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t1) / steps * 1e3
-        rows.append({"system": "gpt-fast", "batch": b, "context": context, "decode_step_ms": round(ms, 2),
+        rows.append({"system": "gpt-fast" if quant == "bf16" else f"gpt-fast-{quant}", "batch": b, "context": context,
+                     "decode_step_ms": round(ms, 2),
                      "compile_and_capture_s": round(compile_s, 1)})
         print(json.dumps(rows[-1]), flush=True)
     gc.collect()
@@ -104,14 +138,16 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64,128")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--systems", default="gpt-fast,hf-transformers")
+    ap.add_argument("--systems", default="gpt-fast,hf-transformers", help="of gpt-fast, gpt-fast-int8 (its "
+                    "weight-only int8), hf-transformers")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict] = []
     systems = args.systems.split(",")
-    if "gpt-fast" in systems and args.gpt_fast_dir:
-        rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps)
+    for quant in ("bf16", "int8"):
+        if ("gpt-fast" if quant == "bf16" else "gpt-fast-int8") in systems and args.gpt_fast_dir:
+            rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps, quant)
     if "hf-transformers" in systems:
         rows += hf_rows(batches, args.context, args.steps)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
