@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from quant_weights import q4_0_weight
 from torch import nn
 
 from sgnb.kernels import native
@@ -268,16 +269,6 @@ def test_f32_layer_runs_our_gemv_up_to_its_rows_on_the_linears_own_weights(m):
     assert layer(x.view(m, 1, 96)).shape == (m, 1, 40)
 
 
-def _q4_0_weight(n: int, k: int, seed: int) -> torch.Tensor:
-    """A weight as a Q4_0 GGUF tensor dequantizes: d * (q - 8) per block of 32, d a float16, each block using
-    codes 0 and 15 (so its int4 form is exactly that grid)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
-    q[..., 0], q[..., 1] = 0, 15
-    d = (torch.rand(n, k // 32, 1, generator=g) * 0.02 + 0.001).half().float()
-    return ((q - 8).float() * d).view(n, k)
-
-
 @needs_native
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 64), (40, 576), (13, 1536)])
 def test_qf32_gemv_equals_float64_and_each_row_its_own(n, k):
@@ -318,8 +309,8 @@ def test_weights_from_a_gguf_run_on_their_exact_codes_and_others_on_themselves()
     model.add_module("lm_head", nn.Linear(96, 80, bias=False))
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        model.qkv_proj.weight.copy_(_q4_0_weight(64, 96, seed=1))
-        model.down_proj.weight.copy_(_q4_0_weight(64, 96, seed=2) + 1e-6)  # near the grid, not on it
+        model.qkv_proj.weight.copy_(q4_0_weight(64, 96, seed=1))
+        model.down_proj.weight.copy_(q4_0_weight(64, 96, seed=2) + 1e-6)  # near the grid, not on it
         model.lm_head.weight.copy_(native.dequantize_q8(*native.quantize_q8(torch.randn(80, 96, generator=g))))
     names = ("qkv_proj", "down_proj", "lm_head")
     assert may_have_exact_codes(model, names)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from quant_weights import q4_0_weight
 from torch import nn
 
 from sgnb.kernels.quant_linear import (
@@ -246,17 +247,10 @@ def test_a_layer_whose_checkpoint_is_its_stored_form_keeps_the_checkpoints_tenso
 
     monkeypatch.setattr(ql, "CACHE_MIN_SECONDS", 0.0)
 
-    def q4_0(n: int, k: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(3)
-        q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
-        q[..., 0], q[..., 1] = 0, 15
-        d = (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 0.001).half().float()
-        return ((q - 8).float() * d).view(n, k)
-
     def model(seed: int) -> nn.Module:
         m = _Layers(seed=seed)
         with torch.no_grad():
-            m.layers[0]["qkv_proj"].weight.copy_(q4_0(192, 64))
+            m.layers[0]["qkv_proj"].weight.copy_(q4_0_weight(192, 64, seed=3, d_span=0.01))
             m.lm_head.weight.copy_(m.lm_head.weight.bfloat16().float())
         return m
 
