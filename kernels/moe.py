@@ -283,8 +283,9 @@ def _moe_gemv_down_kernel(act_ptr, w_ptr, y_ptr, ids_ptr, weights_ptr, H, K, str
 
 # (BLOCK_N, BLOCK_K, num_warps) of the two GEMV kernels: the fastest of `bench_moe_fp8.py --parts moe_gemv`'s
 # sweep at one token on an H100 (2026-12-07, a Qwen3-30B-A3B layer, weights read from HBM;
-# benchmarks/results/2026-12-07-gpu-moe-gemv.json): up 0.0430 ms against 0.0437-0.0472 for the others, down
-# 0.0353 against 0.0366-0.0775 (each beside the other kernel at its first tile)
+# benchmarks/results/2026-12-07-gpu-moe-gemv.json; times of both kernels together): the up tiles swept beside
+# down at (8, 512, 4): 0.0430 ms for this one against 0.0437-0.0472; then the down tiles beside this up tile:
+# 0.0353 ms against 0.0366-0.0775
 GEMV_TILES = {"up": (16, 256, 4), "down": (4, 1024, 8)}
 
 
@@ -304,6 +305,7 @@ def _fused_moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     E, two_i, _ = w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
     tiles = {**GEMV_TILES, **(tiles or {})}
+    assert w13.stride(2) == w2.stride(2) == 1, "expert rows must be contiguous along K"
     x = x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
