@@ -11,7 +11,7 @@ reads k experts, not all of them (the blocks past the padded total exit at once)
 A call of a few tokens (a decode step at small batch: `use_moe_gemv`) takes two GEMV kernels instead, with no
 sorting: per (token, expert) pair its gate and up rows streamed along K with SiLU-and-mul applied, then per token
 its experts' down rows, routing weights and sum in one program. At one token the grouped GEMM fills a 16-row
-tl.dot tile with one real row and launches four more kernels (align, activation, the sum).
+tl.dot tile with one real row and launches three kernels besides its two GEMMs (align, activation, the sum).
 
 `fused_moe_ref` is the torch reference (a loop over the experts that are hit): the CPU path and the oracle.
 """
