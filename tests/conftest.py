@@ -127,6 +127,16 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: _unit_of_work(item.nodeid) != "browser")  # stable: the order within kept
 
 
+def pytest_configure(config):
+    """A process started in the background by a shell without job control inherits SIGINT ignored, and Python
+    then keeps it ignored: Ctrl-C would not interrupt, and `_sigint_stays_default` would blame the first test.
+    The suite runs with Python's own handler, as a terminal gives it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _sigint_stays_default(request):
     """Ctrl-C must always interrupt: a test that leaves another SIGINT handler behind (a library that installs
