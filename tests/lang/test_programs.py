@@ -169,7 +169,8 @@ def test_trace_constant_prefix(backend):
 
 async def _async_run(backend):
     state = await P.few_shot_qa.run_async(question="What is cold?", backend=backend)
-    chunks = [c async for c in P.streamed.run(stream=True, backend=backend).text_async_iter("rest")]
+    chunks = [c async for c in P.streamed.run(stream=True, stream_interval_s=0, backend=backend)
+              .text_async_iter("rest")]  # every step's text: more than one piece whatever the decode speed
     return state, chunks
 
 
