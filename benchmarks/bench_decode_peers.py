@@ -54,6 +54,9 @@ def _int8(folder: str, model_mod, model):
     return model.to("cuda")
 
 
+GPT_FAST_SYSTEMS = {"bf16": "gpt-fast", "int8": "gpt-fast-int8"}  # gpt-fast's weights -> the rows' system name
+
+
 def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, quant: str = "bf16") -> list[dict]:
     """gpt-fast's decode step at each batch; quant "int8": its weight-only int8 linears (the quantized peer)."""
     mod = _load(folder, "model", "gpt_fast_model")
@@ -92,8 +95,7 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, qua
                 cur = compiled(cur, pos).clone()
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t1) / steps * 1e3
-        rows.append({"system": "gpt-fast" if quant == "bf16" else f"gpt-fast-{quant}", "batch": b, "context": context,
-                     "decode_step_ms": round(ms, 2),
+        rows.append({"system": GPT_FAST_SYSTEMS[quant], "batch": b, "context": context, "decode_step_ms": round(ms, 2),
                      "compile_and_capture_s": round(compile_s, 1)})
         print(json.dumps(rows[-1]), flush=True)
     gc.collect()
@@ -145,8 +147,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict] = []
     systems = args.systems.split(",")
-    for quant in ("bf16", "int8"):
-        if ("gpt-fast" if quant == "bf16" else "gpt-fast-int8") in systems and args.gpt_fast_dir:
+    for quant, system in GPT_FAST_SYSTEMS.items():
+        if system in systems and args.gpt_fast_dir:
             rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps, quant)
     if "hf-transformers" in systems:
         rows += hf_rows(batches, args.context, args.steps)
