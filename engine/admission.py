@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
+import numpy as np
 
 from sgnb.engine.config import EngineConfig
 from sgnb.engine.kv_manager import KVManager
@@ -48,7 +48,7 @@ class PrefillItem:
 
 
 class _Piece(NamedTuple):
-    slots: torch.Tensor  # a lender's new slots for the borrowed positions
+    slots: np.ndarray  # a lender's new slots for the borrowed positions
     depth: int  # the lender's depth
 
 

@@ -43,23 +43,23 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 class _Static:
-    """One batch size's inputs: a (4, bs) int64 buffer (ids, positions, rows, seq lens), the KV slots, and the
-    ForwardBatch built over them (prefix_lens is positions: in decode they are equal)."""
+    """One batch size's inputs: a (5, bs) int64 buffer (ids, positions, rows, seq lens, the new tokens' KV slots)
+    and the ForwardBatch built over it (prefix_lens is positions: in decode they are equal)."""
 
     def __init__(self, bs: int, req_to_token: torch.Tensor, pad_row: int, scratch_slot: int,
                  device: torch.device, pin: bool) -> None:
         self.bs = bs
-        self.host = torch.zeros(4, bs, dtype=torch.int64, pin_memory=pin)
+        self.host = torch.zeros(5, bs, dtype=torch.int64, pin_memory=pin)
         self.host_np = self.host.numpy()
         self.host_np[2] = pad_row
         self.host_np[3] = 1
+        self.host_np[4] = scratch_slot
         self.buf = self.host.to(device)
         self.copied = torch.cuda.Event() if pin else None  # the last host-to-device copy out of `host`
-        self.loc = torch.full((bs,), scratch_slot, dtype=torch.int64, device=device)
-        ids, pos, rows, seq = self.buf.unbind(0)
+        ids, pos, rows, seq, loc = self.buf.unbind(0)
         self.fb = ForwardBatch(
             mode=ForwardMode.DECODE, batch_size=bs, num_tokens=bs, input_ids=ids, positions=pos,
-            out_cache_loc=self.loc, req_pool_indices=rows, prefix_lens=pos, seq_lens=seq,
+            out_cache_loc=loc, req_pool_indices=rows, prefix_lens=pos, seq_lens=seq,
             qo_indptr=torch.arange(bs + 1, dtype=torch.int64, device=device),
             req_pool_indices_cpu=[pad_row] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
             seq_lens_cpu=[1] * bs, req_to_token=req_to_token)
@@ -129,15 +129,13 @@ class DecodeGraphs:
         h[1, :b] = prefix
         h[2, :b] = spec.req_pool_indices
         h[3, :b] = prefix + 1
-        h[:, b:] = ((0,), (0,), (self.pad_row,), (1,))
+        h[4, :b] = spec.out_cache_loc
+        h[:, b:] = ((0,), (0,), (self.pad_row,), (1,), (self.scratch_slot,))
         st.buf.copy_(st.host, non_blocking=True)
         if st.copied is not None:
             st.copied.record()
         if spec.input_ids_device is not None:  # overlap scheduling: the previous step's tokens, on the device
             st.buf[0, :b].copy_(spec.input_ids_device)
-        st.loc[:b].copy_(spec.out_cache_loc)
-        if b < bs:
-            st.loc[b:].fill_(self.scratch_slot)
         fb = st.fb
         fb.req_pool_indices_cpu = h[2].tolist()
         fb.prefix_lens_cpu = h[1].tolist()
@@ -164,7 +162,7 @@ def extend_token_sizes(max_tokens: int) -> list[int]:
 
 class _StaticExtend:
     """One token budget's inputs: a flat int64 buffer (ids, positions | rows, prefix lens, seq lens | indptr |
-    block table) filled by one host-to-device copy, the KV slots, and the ForwardBatch over them."""
+    block table | the new tokens' KV slots) filled by one host-to-device copy, and the ForwardBatch over it."""
 
     def __init__(self, tokens: int, max_reqs: int, head_dim: int, req_to_token: torch.Tensor, pad_row: int,
                  scratch_slot: int, device: torch.device, pin: bool) -> None:
@@ -174,34 +172,33 @@ class _StaticExtend:
         self.block_m = extend_block_m(head_dim, tokens)
         self.num_blocks = -(-tokens // self.block_m) + max_reqs  # sum of ceil(e_i / BM) <= T / BM + B
         T, B = tokens, max_reqs
-        self.split = [T, T, B, B, B, B + 1, 2 * self.num_blocks]
+        self.split = [T, T, B, B, B, B + 1, 2 * self.num_blocks, T]
         self.host = torch.zeros(sum(self.split), dtype=torch.int64, pin_memory=pin)
         self.host_np = self.host.numpy()
         self.buf = self.host.to(device)
         self.copied = torch.cuda.Event() if pin else None
-        self.loc = torch.full((T,), scratch_slot, dtype=torch.int64, device=device)
-        ids, pos, rows, pre, seq, ptr, blocks = self.buf.split(self.split)
+        ids, pos, rows, pre, seq, ptr, blocks, loc = self.buf.split(self.split)
         self.views = [a for a in np.split(self.host_np, np.cumsum(self.split)[:-1])]
-        self.pad_row = pad_row
+        self.pad_row, self.scratch_slot = pad_row, scratch_slot
         self.clear()
         self.buf.copy_(self.host)
         self.fb = ForwardBatch(
-            mode=ForwardMode.EXTEND, batch_size=B, num_tokens=T, input_ids=ids, positions=pos, out_cache_loc=self.loc,
+            mode=ForwardMode.EXTEND, batch_size=B, num_tokens=T, input_ids=ids, positions=pos, out_cache_loc=loc,
             req_pool_indices=rows, prefix_lens=pre, seq_lens=seq, qo_indptr=ptr,
             req_pool_indices_cpu=[pad_row] * B, prefix_lens_cpu=[0] * B, extend_lens_cpu=[T] + [0] * (B - 1),
             seq_lens_cpu=[0] * B, req_to_token=req_to_token, blocks=blocks.view(self.num_blocks, 2))
 
     def clear(self) -> None:
         """No request: every block idle (what the graph is captured over)."""
-        ids, pos, rows, pre, seq, ptr, blocks = self.views
-        ids[:], pos[:], rows[:], pre[:], seq[:], ptr[:] = 0, 0, self.pad_row, 0, 0, 0
+        ids, pos, rows, pre, seq, ptr, blocks, loc = self.views
+        ids[:], pos[:], rows[:], pre[:], seq[:], ptr[:], loc[:] = 0, 0, self.pad_row, 0, 0, 0, self.scratch_slot
         blocks.reshape(-1, 2)[:] = (-1, 0)
 
     def fill(self, spec: BatchSpec) -> None:
         from sgnb.kernels.extend_attention import extend_blocks
 
         T, B = spec.num_tokens, spec.batch_size
-        ids, pos, rows, pre, seq, ptr, blocks = self.views
+        ids, pos, rows, pre, seq, ptr, blocks, loc = self.views
         prefix = np.asarray(spec.prefix_lens, dtype=np.int64)  # (B,)
         extend = np.asarray(spec.extend_lens, dtype=np.int64)  # (B,)
         ids[:T] = spec.input_ids
@@ -215,6 +212,7 @@ class _StaticExtend:
         pre[:B], pre[B:] = prefix, 0
         seq[:B], seq[B:] = prefix + extend, 0
         blocks.reshape(-1, 2)[:] = extend_blocks(extend, self.block_m, self.num_blocks)
+        loc[:T], loc[T:] = spec.out_cache_loc, self.scratch_slot
 
 
 class ExtendGraphs:
@@ -293,9 +291,6 @@ class ExtendGraphs:
         st.buf.copy_(st.host, non_blocking=True)
         if st.copied is not None:
             st.copied.record()
-        st.loc[:T].copy_(spec.out_cache_loc)
-        if T < n:
-            st.loc[T:].fill_(self.scratch_slot)
         self.replays += 1
         if not self.captured:
             return self.model(st.fb)[:T]

@@ -162,7 +162,7 @@ class Engine:
                 self.config, chunked_prefill_size=CUDA_PREFILL_CHUNK if self.runner.device.type == "cuda" else 2048)
         try:
             self.events = EventBus(self.config.event_history)
-            self.tree = RadixCache(self.runner.kv_pool.free, self.runner.device, self.config.disable_radix_cache,
+            self.tree = RadixCache(self.runner.kv_pool.free, self.config.disable_radix_cache,
                                    emit=self.events.emit)
             eos = tuple(self.tokenizer.eos_token_ids) or tuple(self.source.config.eos_token_ids)
             self._grammar_backend: Any = None

@@ -46,7 +46,7 @@ class BatchSpec:
     """
 
     input_ids: list[int]  # (T,) the new tokens of every request, concatenated
-    out_cache_loc: torch.Tensor  # (T,) int64 KV slots of the new tokens, on the scheduler's device
+    out_cache_loc: np.ndarray  # (T,) int64 KV slots of the new tokens (host)
     req_pool_indices: list[int]  # (B,)
     prefix_lens: list[int]  # (B,)
     extend_lens: list[int]  # (B,)
@@ -84,13 +84,13 @@ class BatchSpec:
         assert not self.mm_rows, "multimodal batches do not run tensor-parallel"
         assert self.input_ids_device is None, "overlap scheduling runs in-process only"
         return {"input_ids": np.asarray(self.input_ids, dtype=np.int64),
-                "out_cache_loc": self.out_cache_loc.cpu().numpy(),
+                "out_cache_loc": self.out_cache_loc,
                 "req_pool_indices": self.req_pool_indices, "prefix_lens": self.prefix_lens,
                 "extend_lens": self.extend_lens, "shared_len": self.shared_len, "groups": self.groups}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> BatchSpec:
-        return cls(input_ids=d["input_ids"].tolist(), out_cache_loc=torch.from_numpy(d["out_cache_loc"]),
+        return cls(input_ids=d["input_ids"].tolist(), out_cache_loc=d["out_cache_loc"],
                    req_pool_indices=d["req_pool_indices"], prefix_lens=d["prefix_lens"],
                    extend_lens=d["extend_lens"], shared_len=d["shared_len"], groups=d.get("groups"))
 
@@ -162,12 +162,12 @@ class ForwardBatch:
         else:  # position of token t of request i = prefix[i] + (t - indptr[i])
             positions = np.arange(T, dtype=np.int64) + np.repeat(prefix - indptr[:-1], extend)  # (T,)
         parts = [np.asarray(spec.input_ids, dtype=np.int64), positions,
-                 np.asarray(spec.req_pool_indices, dtype=np.int64), prefix, seq, indptr]
+                 np.asarray(spec.req_pool_indices, dtype=np.int64), prefix, seq, indptr, spec.out_cache_loc]
         host, starts = _aligned_concat(parts)
         buf = torch.from_numpy(host)
         if device.type == "cuda":
             buf = buf.pin_memory().to(device, non_blocking=True)
-        ids, pos, rows, pre, sl, ptr = (buf[s: s + len(p)] for s, p in zip(starts, parts))
+        ids, pos, rows, pre, sl, ptr, loc = (buf[s: s + len(p)] for s, p in zip(starts, parts))
         mm_rows = None
         if spec.mm_rows:
             mm_rows = torch.tensor(spec.mm_rows, dtype=torch.int64).to(device, non_blocking=True)
@@ -175,7 +175,7 @@ class ForwardBatch:
             ids.copy_(spec.input_ids_device)
         return cls(
             mode=spec.mode, batch_size=B, num_tokens=T, input_ids=ids, positions=pos,
-            out_cache_loc=spec.out_cache_loc.to(device), req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,
+            out_cache_loc=loc, req_pool_indices=rows, prefix_lens=pre, seq_lens=sl,
             qo_indptr=ptr, req_pool_indices_cpu=list(spec.req_pool_indices), prefix_lens_cpu=list(spec.prefix_lens),
             extend_lens_cpu=list(spec.extend_lens), seq_lens_cpu=seq.tolist(), req_to_token=req_to_token,
             shared_len=spec.shared_len, groups=spec.groups, mm_rows=mm_rows,

@@ -12,9 +12,8 @@ Only the scheduler thread calls these (none is thread-safe).
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-from sgnb.engine.forward_batch import to_device
 from sgnb.engine.kv_pool import KVPool, ReqToTokenPool
 from sgnb.engine.radix_cache import MatchResult, RadixCache, TreeNode
 from sgnb.engine.request import Req
@@ -31,7 +30,7 @@ class KVManager:
         """Slots that can be had now: free, or held by unlocked tree nodes (evictable)."""
         return self.kv_pool.available + self.tree.evictable_size
 
-    def alloc(self, n: int) -> torch.Tensor | None:
+    def alloc(self, n: int) -> np.ndarray | None:
         """n free slots, evicting least-recently-used tree leaves if needed; None when even that is short."""
         slots = self.kv_pool.alloc(n)
         if slots is None:
@@ -53,7 +52,7 @@ class KVManager:
         req.kv_len = req.cached_len = prefix
         return True
 
-    def borrow(self, req: Req, slots: torch.Tensor) -> None:
+    def borrow(self, req: Req, slots: np.ndarray) -> None:
         """The request's next positions (from kv_len) read `slots`: new slots of another request in the same
         prefill batch, for the same tokens at the same positions. The forward stores every new token's K/V
         before any attention reads the pool, so they hold the right values when this request reads them. The
@@ -91,12 +90,10 @@ class KVManager:
         req.new_slots = slots
         return True
 
-    def write_next(self, reqs: list[Req], slots: torch.Tensor) -> None:
-        """slots[i] becomes position kv_len of reqs[i]'s row (one new token each: a decode step, or riders),
-        in one write and without a device sync (rows and positions go up through pinned memory)."""
-        dev = slots.device
-        self.req_pool.write_points(to_device([r.req_pool_idx for r in reqs], torch.int64, dev),
-                                   to_device([r.kv_len for r in reqs], torch.int64, dev), slots)
+    def write_next(self, reqs: list[Req], slots: np.ndarray) -> None:
+        """slots[i] becomes position kv_len of reqs[i]'s row (one new token each: a decode step, or riders)."""
+        rows = [r.req_pool_idx for r in reqs]  # every one admitted: none is None
+        self.req_pool.write_points(rows, [r.kv_len for r in reqs], slots)  # type: ignore[arg-type]
 
     def cache_unfinished(self, req: Req) -> None:
         """Hand the computed prefix of a live request to the tree so others can share it; keep it locked."""
@@ -104,11 +101,11 @@ class KVManager:
             return
         row = req.req_pool_idx
         assert row is not None  # admitted: it holds a row
-        slots = self.req_pool.req_to_token[row, : req.kv_len]
+        slots = self.req_pool.table[row, : req.kv_len]  # a view: the tree copies what it adopts
         key = req.fill_ids[: req.kv_len]
         present, node = self.tree.insert_path(key, slots, req.rid)
         if present > req.cached_len:  # someone else cached these first: drop our copies, read the tree's
-            self.kv_pool.free(slots[req.cached_len: present].clone())
+            self.kv_pool.free(slots[req.cached_len: present].copy())
             match = self.tree.match_prefix(key)
             assert len(match.indices) == req.kv_len and match.last_node is node
             self.req_pool.write(row, 0, match.indices)
@@ -124,7 +121,7 @@ class KVManager:
         row = req.req_pool_idx
         if row is None:
             return
-        slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
+        slots = self.req_pool.table[row, : req.kv_len].copy()
         own_from = req.cached_len + req.borrowed
         if cache and not self.tree.disable and req.kv_len > 0:
             own_until = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.rid)
@@ -140,7 +137,7 @@ class KVManager:
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the request's K/V past position kv_len (its own slots only: kv_len >= cached_len)."""
         assert req.cached_len + req.borrowed <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
-        self.kv_pool.free(self.req_pool.req_to_token[req.req_pool_idx, kv_len: req.kv_len].clone())
+        self.kv_pool.free(self.req_pool.table[req.req_pool_idx, kv_len: req.kv_len].copy())
         req.kv_len = kv_len
 
     def shared_prefix_len(self, reqs: list[Req]) -> int:

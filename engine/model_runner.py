@@ -155,7 +155,7 @@ class ModelRunner:
         slots = kv_pool_slots(config, mcfg, kv_dtype, self.device, mcfg.num_key_value_heads, self.context_length)
         self.kv_cache = KVCache(slots, mcfg.num_hidden_layers, mcfg.num_key_value_heads, mcfg.head_dim, kv_dtype,
                                 self.device)
-        self.kv_pool = KVPool(slots, self.device, self.kv_cache)
+        self.kv_pool = KVPool(slots, self.kv_cache)
         self.req_pool = ReqToTokenPool(config.max_running_requests + 8, self.context_length + 1, self.device)
         self.attn = make_attention_backend(config.attention_backend, self.kv_cache, mcfg.num_attention_heads,
                                            mcfg.num_key_value_heads, mcfg.head_dim, self.device)
@@ -199,6 +199,7 @@ class ModelRunner:
 
     def forward(self, spec: BatchSpec) -> torch.Tensor:
         """Hidden states (T, hidden) of the batch's new tokens; writes their K/V into the pool."""
+        self.req_pool.sync_device()  # the scheduler's table writes since the last forward, ahead of it on the stream
         if self.graphs is not None and self.graphs.can_run(spec):
             spec.graphed = True
             return self.graphs.replay(spec)

@@ -9,6 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
@@ -131,7 +132,7 @@ class PrefillRounds:
         assert len(slots) == len(pool_rows) == len(reqs)  # admitted, with slots for this forward
         spec = BatchSpec(
             input_ids=ids,
-            out_cache_loc=torch.cat(slots),
+            out_cache_loc=np.concatenate(slots),
             req_pool_indices=pool_rows,
             prefix_lens=[r.kv_len for r in reqs],
             extend_lens=[item.extend for item in batch],

@@ -1,10 +1,11 @@
 """RadixCache: an LRU radix tree over token ids whose nodes own KV slots (page size 1).
 
 Contract:
-- A node's `value` lists the KV slots of its `key` tokens; the tree owns those slots until it evicts them.
+- A node's `value` lists the KV slots of its `key` tokens (a host int64 numpy array: slot ids are host
+  bookkeeping, engine/kv_pool.py); the tree owns those slots until it evicts them.
 - `match_prefix` never frees anything; the indices it returns stay valid only while the returned node (or a
   descendant) is locked with `inc_lock_ref`, and they are read-only (a one-node match hands out the node's own
-  slot tensor). It may split a node so that the match ends on a node boundary.
+  slot array). It may split a node so that the match ends on a node boundary.
 - `insert` adopts the slots of the part of `key` that was not in the tree and returns how many leading tokens
   were already there; the caller still owns (and must free) its slots for that already-present part, except
   for slots that are literally the tree's own (the prefix it matched before).
@@ -31,9 +32,12 @@ from collections.abc import Callable, Sequence
 from time import thread_time  # the host-seconds clock (tests swap `time` for a fake monotonic one)
 from typing import Any, NamedTuple
 
-import torch
+import numpy as np
 
 from sgnb.engine.events import EventSink
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_SLOTS.flags.writeable = False
 
 
 def _timed(op: Callable) -> Callable:
@@ -54,7 +58,7 @@ class TreeNode:
     __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access", "hit_count", "created",
                  "last_hit")
 
-    def __init__(self, node_id: int, key: list[int], value: torch.Tensor, parent: TreeNode | None) -> None:
+    def __init__(self, node_id: int, key: list[int], value: np.ndarray, parent: TreeNode | None) -> None:
         self.id = node_id
         self.key = key
         self.value = value
@@ -71,7 +75,7 @@ class TreeNode:
 
 
 class MatchResult(NamedTuple):
-    indices: torch.Tensor  # KV slots of the matched prefix, int64
+    indices: np.ndarray  # KV slots of the matched prefix, int64 (host)
     last_node: TreeNode  # deepest node of the match (the root when nothing matched)
 
 
@@ -91,15 +95,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int
 
 
 class RadixCache:
-    def __init__(self, free_slots: Callable[[torch.Tensor], None], device: torch.device | str = "cpu",
-                 disable: bool = False, emit: EventSink | None = None) -> None:
+    def __init__(self, free_slots: Callable[[np.ndarray], None], disable: bool = False,
+                 emit: EventSink | None = None) -> None:
         self.free_slots = free_slots
-        self.device = torch.device(device)
         self.disable = disable
         self.emit: EventSink = emit or (lambda kind, data: None)
         self.lock = threading.RLock()  # guards structure against concurrent snapshot readers
         self._ids = itertools.count()
-        self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._empty = _NO_SLOTS
         self.host_seconds = 0.0  # CPU time inside the timed operations below
         self.reset()
 
@@ -133,8 +136,8 @@ class RadixCache:
                     child = self._split(child, n)
                 parts.append(child.value)
                 node, i = child, i + n
-            # one node: its own slots, no copy (on CUDA a concatenation is a kernel launch; callers only read)
-            indices = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else self._empty
+            # one node: its own slots, no copy (callers only read)
+            indices = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else self._empty
             return MatchResult(indices, node)
 
     def prefix_len(self, key: list[int]) -> int:
@@ -181,13 +184,13 @@ class RadixCache:
         self.emit("split", {"node": child.id, "upper": upper.id, "parent": parent.id, "at": n})
         return upper
 
-    def insert(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> int:
+    def insert(self, key: list[int], value: np.ndarray, rid: str | None = None) -> int:
         """Add `key` -> `value` slots. Returns how many leading tokens were already cached (see contract).
         `rid`, the request whose tokens these are, goes into the "insert" event (views show who shares a node)."""
         return self.insert_path(key, value, rid)[0]
 
     @_timed
-    def insert_path(self, key: list[int], value: torch.Tensor, rid: str | None = None) -> tuple[int, TreeNode]:
+    def insert_path(self, key: list[int], value: np.ndarray, rid: str | None = None) -> tuple[int, TreeNode]:
         """insert(), and the node where `key` ends (a node boundary: the walk splits where it must), which is
         match_prefix(key).last_node afterwards (the root when the cache is disabled)."""
         if self.disable:
@@ -198,7 +201,7 @@ class RadixCache:
             while i < len(key):
                 child = node.children.get(key[i])
                 if child is None:
-                    leaf = TreeNode(next(self._ids), list(key[i:]), value[i:].clone(), node)
+                    leaf = TreeNode(next(self._ids), list(key[i:]), value[i:].copy(), node)
                     node.children[key[i]] = leaf
                     self.nodes[leaf.id] = leaf
                     self.evictable_size += len(leaf)

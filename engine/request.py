@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from sgnb.engine.media import Placement
@@ -49,7 +50,7 @@ class Req:
         # scheduler state (scheduler thread only)
         self.status = ReqStatus.WAITING
         self.req_pool_idx: int | None = None
-        self.new_slots: torch.Tensor | None = None  # slots allocated for the next forward's new tokens
+        self.new_slots: np.ndarray | None = None  # slots allocated for the next forward's new tokens
         self.kv_len = 0
         self.cached_len = 0
         self.borrowed = 0

@@ -207,8 +207,9 @@ class TPModelRunner:
             self._kill_all()
             self.shutdown()
             raise
-        self.kv_pool = KVPool(slots, self.device)  # slot ids only: the storage is in the workers
-        self.req_pool = ReqToTokenPool(config.max_running_requests + 8, self.context_length + 1, self.device,
+        self.kv_pool = KVPool(slots)  # slot ids only: the storage is in the workers
+        # the table on the host only: the workers hold the copies their forwards read
+        self.req_pool = ReqToTokenPool(config.max_running_requests + 8, self.context_length + 1, torch.device("cpu"),
                                        track_writes=True)
         log.info("model %s on %s/%s in %.1f s, KV pool %d tokens", source.name, self.placement, self.dtype,
                  time.perf_counter() - t0, slots)
@@ -236,7 +237,7 @@ class TPModelRunner:
         """Run the batch on every worker; returns the logits of each request's last row (see RemoteHidden)."""
         rows, cols, vals = self.req_pool.take_writes()
         last_rows = spec.last_rows()
-        payload = {"batch": spec.to_wire(), "writes": (rows.numpy(), cols.numpy(), vals.numpy()),
+        payload = {"batch": spec.to_wire(), "writes": (rows, cols, vals),
                    "logit_rows": last_rows}
         logits = self._call("forward", payload)
         self._step += 1

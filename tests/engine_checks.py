@@ -7,11 +7,12 @@ import time
 
 def tree_slots(tree):
     """Every KV slot the radix tree's nodes own, in one tensor."""
+    import numpy as np
     import torch
 
     with tree.lock:
         parts = [n.value for n in tree.nodes.values() if n is not tree.root]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
 
 
 def assert_pool_consistent(engine) -> None:

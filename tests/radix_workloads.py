@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-import torch
+import numpy as np
 
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.widgets._tree_rows import Node
@@ -46,12 +46,12 @@ class ClassifyBatch:
         for _ in range(programs):
             for text in program_texts(self.programs, self.rng):
                 key = [ord(c) for c in text]
-                self.cache.insert(key, torch.arange(len(key)))
+                self.cache.insert(key, np.arange(len(key)))
             self.programs += 1
 
     def insert_text(self, text: str) -> None:
         key = [ord(c) for c in text]
-        self.cache.insert(key, torch.arange(len(key)))
+        self.cache.insert(key, np.arange(len(key)))
 
     def nodes(self, mark_new: bool = False) -> list[Node]:
         out = []

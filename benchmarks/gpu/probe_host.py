@@ -66,12 +66,13 @@ def probe_backend(args: argparse.Namespace, backend: str, with_profile: bool) ->
     rows = [runner.req_pool.alloc() for _ in range(64)]
     prefix_slots = runner.kv_pool.alloc(1024)
     for r in rows:  # every row: the same 1024-token prefix (a shared radix prefix)
-        rtt[r, :1024] = prefix_slots
+        runner.req_pool.write(r, 0, prefix_slots)
 
     def spec(batch: int, prefix: int, extend: int, shared: int = 0) -> BatchSpec:
         loc = runner.kv_pool.alloc(batch * extend)
         for i in range(batch):
-            rtt[rows[i], prefix:prefix + extend] = loc[i * extend:(i + 1) * extend]
+            runner.req_pool.write(rows[i], prefix, loc[i * extend:(i + 1) * extend])
+        runner.req_pool.sync_device()  # the table's device copy, as the runner's forward does
         return BatchSpec(input_ids=[1000 + i for i in range(batch * extend)], out_cache_loc=loc,
                          req_pool_indices=rows[:batch], prefix_lens=[prefix] * batch, extend_lens=[extend] * batch,
                          shared_len=shared)

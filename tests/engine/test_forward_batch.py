@@ -16,7 +16,7 @@ from sgnb.engine.forward_batch import BatchSpec, ForwardBatch, ForwardMode
 def _spec(prefix: list[int], extend: list[int], seed: int) -> BatchSpec:
     rng = np.random.default_rng(seed)
     T = sum(extend)
-    return BatchSpec(input_ids=rng.integers(0, 1000, T).tolist(), out_cache_loc=torch.arange(T) + 7,
+    return BatchSpec(input_ids=rng.integers(0, 1000, T).tolist(), out_cache_loc=np.arange(T, dtype=np.int64) + 7,
                      req_pool_indices=rng.permutation(len(extend)).tolist(), prefix_lens=prefix, extend_lens=extend)
 
 
@@ -30,11 +30,13 @@ def test_views_hold_the_batch_and_start_16_byte_aligned(B: int, extra: int) -> N
     T = sum(extend)
     assert fb.mode is (ForwardMode.DECODE if T == B else ForwardMode.EXTEND)
     views = {"input_ids": fb.input_ids, "positions": fb.positions, "req_pool_indices": fb.req_pool_indices,
-             "prefix_lens": fb.prefix_lens, "seq_lens": fb.seq_lens, "qo_indptr": fb.qo_indptr}
+             "prefix_lens": fb.prefix_lens, "seq_lens": fb.seq_lens, "qo_indptr": fb.qo_indptr,
+             "out_cache_loc": fb.out_cache_loc}
     for name, v in views.items():
         assert v.dtype == torch.int64 and v.is_contiguous(), name
         assert (v.storage_offset() * v.element_size()) % 16 == 0, (name, T, B, v.storage_offset())
     assert fb.input_ids.tolist() == spec.input_ids
+    assert fb.out_cache_loc.tolist() == spec.out_cache_loc.tolist()
     assert fb.req_pool_indices.tolist() == spec.req_pool_indices
     assert fb.prefix_lens.tolist() == prefix
     assert fb.seq_lens.tolist() == [p + e for p, e in zip(prefix, extend)]

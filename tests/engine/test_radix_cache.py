@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 from engine_checks import tree_slots  # tests/engine_checks.py (tests/ is on sys.path: conftest)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,11 +25,11 @@ BIG = 1 << 30  # snapshot max_key: never truncate
 
 
 def make_pool(num_slots: int) -> KVPool:
-    return KVPool(num_slots, device=torch.device("cpu"))  # slot ids only: the tree never reads K/V
+    return KVPool(num_slots)  # slot ids only: the tree never reads K/V
 
 
-def slots(*xs: int) -> torch.Tensor:
-    return torch.tensor(xs, dtype=torch.int64)
+def slots(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int64)
 
 
 def pool_free(pool: KVPool) -> list[int]:
@@ -57,7 +57,7 @@ def tree_paths(cache: RadixCache) -> dict[Path, int]:
         for first, child in node.children.items():
             assert child.key and child.key[0] == first, (child.id, child.key, first)
             assert child.parent is node
-            assert len(child.value) == len(child.key) and child.value.dtype == torch.int64
+            assert len(child.value) == len(child.key) and child.value.dtype == np.int64
             assert cache.nodes.get(child.id) is child
             seen.add(child.id)
             p = path
@@ -174,7 +174,7 @@ def test_match_splits_and_prefix_len_has_no_side_effect() -> None:
     # a match ending on a boundary does not split again
     assert cache.match_prefix([1, 2]).last_node is m.last_node and len(cache.nodes) == 3
     assert cache.match_prefix([7]).last_node is cache.root
-    assert cache.match_prefix([]).indices.numel() == 0
+    assert cache.match_prefix([]).indices.size == 0
     assert cache.total_size == 4
 
 
@@ -235,12 +235,12 @@ def test_evict_cascades_to_parent_and_skips_locked(clock: None) -> None:
 
 
 def test_disable_never_caches() -> None:
-    freed: list[torch.Tensor] = []
+    freed: list[np.ndarray] = []
     cache = RadixCache(free_slots=freed.append, disable=True)
     assert cache.insert([1, 2, 3], slots(1, 2, 3)) == 0
     assert cache.insert([1, 2, 3], slots(1, 2, 3)) == 0
     m = cache.match_prefix([1, 2, 3])
-    assert m.indices.numel() == 0 and m.last_node is cache.root
+    assert m.indices.size == 0 and m.last_node is cache.root
     assert cache.prefix_len([1, 2, 3]) == 0
     assert cache.evict(10) == 0 and freed == []
     assert cache.total_size == 0 and tree_slots(cache).numel() == 0 and list(cache.nodes) == [cache.root.id]
@@ -254,7 +254,7 @@ def test_reset_empties() -> None:
     cache.reset()
     assert cache.root is not old_root and list(cache.nodes) == [cache.root.id]
     assert cache.total_size == cache.evictable_size == cache.protected_size == 0
-    assert tree_slots(cache).numel() == 0 and cache.match_prefix([1, 2, 3]).indices.numel() == 0
+    assert tree_slots(cache).numel() == 0 and cache.match_prefix([1, 2, 3]).indices.size == 0
     assert [e["id"] for e in cache.snapshot()] == [cache.root.id]
 
 
@@ -308,7 +308,7 @@ def test_events(clock: None) -> None:
 def test_snapshot_parent_links() -> None:
     cache = RadixCache(free_slots=lambda s: None)
     for key in ([1, 2, 3], [1, 2, 4], [1, 5], [2]):
-        cache.insert(key, torch.arange(1, len(key) + 1))
+        cache.insert(key, np.arange(1, len(key) + 1))
     snap = cache.snapshot(token_text=lambda toks: ",".join(map(str, toks)), max_key=1)
     seen: set[int] = set()
     for e in snap:
@@ -328,7 +328,7 @@ keys = st.lists(st.integers(0, 3), min_size=1, max_size=20)
 @dataclass(eq=False)  # identity: list.remove must not compare tensors
 class Live:
     key: list[int]
-    slots: torch.Tensor  # its req_to_token row: KV slot of every token, [:cached_len] the tree's, the rest its own
+    slots: np.ndarray  # its req_to_token row: KV slot of every token, [:cached_len] the tree's, the rest its own
     node: TreeNode  # the locked node; its path is key[:locked_len]
     locked_len: int
     cached_len: int  # <= locked_len (the scheduler recomputes at least the last token)
@@ -390,12 +390,12 @@ class RadixMachine(RuleBasedStateMachine):
         self.ref = after
         return freed
 
-    def _alloc(self, n: int) -> torch.Tensor | None:
+    def _alloc(self, n: int) -> np.ndarray | None:
         if n > self.pool.available:
             self._evict(n - self.pool.available)
         return self.pool.alloc(n)
 
-    def _adopt(self, key: list[int], value: torch.Tensor, present: int) -> None:
+    def _adopt(self, key: list[int], value: np.ndarray, present: int) -> None:
         for j in range(present, len(key)):
             self.ref[tuple(key[: j + 1])] = int(value[j])
 
@@ -431,7 +431,7 @@ class RadixMachine(RuleBasedStateMachine):
             return
         if len(m.indices):
             self._hit(key, len(m.indices))
-        self.live.append(Live(list(key), torch.cat([m.indices[:cached], new]), m.last_node, len(m.indices), cached))
+        self.live.append(Live(list(key), np.concatenate([m.indices[:cached], new]), m.last_node, len(m.indices), cached))
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 63), extra=st.lists(st.integers(0, 3), min_size=1, max_size=5))
@@ -440,19 +440,19 @@ class RadixMachine(RuleBasedStateMachine):
         new = self._alloc(len(extra))
         if new is not None:
             r.key += extra
-            r.slots = torch.cat([r.slots, new])
+            r.slots = np.concatenate([r.slots, new])
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 63))
     def cache_unfinished(self, i: int) -> None:
         r = self._pick(i)
         present = self._insert(r)
-        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
+        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].copy())
         m = self._check_match(r.key)
         assert len(m.indices) == len(r.key)
         self.cache.inc_lock_ref(m.last_node)
         self.cache.dec_lock_ref(r.node)
-        r.slots.copy_(m.indices)  # the scheduler rewrites the request's row in place
+        r.slots[:] = m.indices  # the scheduler rewrites the request's row in place
         r.node, r.locked_len = m.last_node, len(r.key)
         r.cached_len = len(r.key)
 
@@ -462,18 +462,18 @@ class RadixMachine(RuleBasedStateMachine):
         r = self._pick(i)
         self.live.remove(r)
         present = self._insert(r)
-        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].clone())
+        self.pool.free(r.slots[r.cached_len: max(present, r.cached_len)].copy())
         self.cache.dec_lock_ref(r.node)
-        r.slots.fill_(0)  # the request's row is reused: the tree must hold its own copy
+        r.slots.fill(0)  # the request's row is reused: the tree must hold its own copy
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 63))
     def abort(self, i: int) -> None:
         r = self._pick(i)
         self.live.remove(r)
-        self.pool.free(r.slots[r.cached_len:].clone())
+        self.pool.free(r.slots[r.cached_len:].copy())
         self.cache.dec_lock_ref(r.node)
-        r.slots.fill_(0)
+        r.slots.fill(0)
 
     @rule(k=st.integers(0, 64))
     def evict(self, k: int) -> None:
@@ -516,7 +516,7 @@ class RadixMachine(RuleBasedStateMachine):
     def rematch_live(self, i: int) -> None:
         r = self._pick(i)
         m = self.cache.match_prefix(r.key[: r.cached_len])
-        assert torch.equal(m.indices, r.slots[: r.cached_len])
+        assert np.array_equal(m.indices, r.slots[: r.cached_len])
 
     @precondition(lambda self: not self.live)
     @rule()
@@ -619,7 +619,7 @@ def test_pool_counts_free_slots_through_many_small_frees():
     was summed on every call, which made the radix cache slower than none on the JSON workload)."""
     from sgnb.engine.kv_pool import PENDING_MERGE
 
-    pool = KVPool(4096, torch.device("cpu"))
+    pool = KVPool(4096)
     taken = [pool.alloc(1) for _ in range(3000)]
     assert pool.available == 4096 - 3000
     for i, slot in enumerate(taken):
@@ -645,7 +645,7 @@ def test_common_prefix_len_matches_the_item_by_item_count(a: list[int], b: list[
 def test_host_seconds_counts_the_tree_operations() -> None:
     tree = RadixCache(lambda slots: None)
     assert tree.host_seconds == 0.0
-    tree.insert(list(range(1000)), torch.arange(1000))
+    tree.insert(list(range(1000)), np.arange(1000))
     after_insert = tree.host_seconds
     assert after_insert > 0.0
     assert tree.match_prefix(list(range(500))).indices.tolist() == list(range(500))
@@ -657,8 +657,8 @@ def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_
 
     tree = RadixCache(lambda slots: None)
     shared = list(range(1000, 1000 + LPM_MIN_PREFIX + 8))
-    tree.insert(shared, torch.arange(len(shared)))
-    tree.insert([7, 8, 9], torch.arange(3))
+    tree.insert(shared, np.arange(len(shared)))
+    tree.insert([7, 8, 9], np.arange(3))
 
     def fake(name: str, ids: list[int]) -> types.SimpleNamespace:  # what lpm reads of a waiting request
         return types.SimpleNamespace(name=name, fill_ids=ids, origin_input_ids=ids, output_ids=[], lpm_hint=None,
@@ -673,7 +673,7 @@ def test_lpm_ranks_long_cached_prefixes_first_and_keeps_arrival_order_below_the_
     # a second round walks on from each request's hint: the same order, and after an insert that lengthens
     # "fresh"'s hit past the others, that insert counts
     assert [r.name for r in order_waiting("lpm", reqs, tree)] == order  # type: ignore[arg-type]
-    tree.insert([1, 2, 3] + list(range(50)), torch.arange(53))
+    tree.insert([1, 2, 3] + list(range(50)), np.arange(53))
     longer = [1, 2, 3] + list(range(50))
     reqs[0].fill_ids = reqs[0].origin_input_ids = longer
     reqs[0].fill_view = lambda: longer

@@ -102,11 +102,12 @@ def test_tracked_req_to_token_writes_keep_a_copy_equal():
             row = int(torch.randint(0, 6, (1,), generator=gen))
             start = int(torch.randint(0, 30, (1,), generator=gen))
             n = int(torch.randint(0, 10, (1,), generator=gen))
-            pool.write(row, start, torch.randint(0, 5, (n,), generator=gen))  # often equal: not resent
-        rows = torch.randperm(6, generator=gen)[:3]
-        pool.write_points(rows, torch.randint(0, 40, (3,), generator=gen), torch.randint(0, 99, (3,), generator=gen))
+            pool.write(row, start, torch.randint(0, 5, (n,), generator=gen).numpy())  # often equal: not resent
+        rows = torch.randperm(6, generator=gen)[:3].tolist()
+        pool.write_points(rows, torch.randint(0, 40, (3,), generator=gen).tolist(),
+                          torch.randint(0, 99, (3,), generator=gen).numpy())
         r, c, v = pool.take_writes()
-        copy[r, c] = v
+        copy[r, c] = torch.from_numpy(v)  # as the workers do
         assert torch.equal(copy, pool.req_to_token), step
     assert all(len(t) == 0 for t in pool.take_writes())
 

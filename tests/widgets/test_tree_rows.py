@@ -224,15 +224,15 @@ def test_heat_grows_with_hits_on_a_log_scale():
 
 # ---- the adapters' clocks ----------------------------------------------------------------------------------
 def test_a_node_made_by_a_split_is_not_new():
-    import torch
+    import numpy as np
 
     from sgnb.engine.radix_cache import RadixCache
 
     tree = RadixCache(lambda slots: None)
-    tree.insert([1, 2, 3, 4], torch.arange(4))
+    tree.insert([1, 2, 3, 4], np.arange(4))
     (old,) = tree.root.children.values()
     old.created = old.last_access = time.monotonic() - 60  # cached a minute ago
-    tree.insert([1, 2, 9], torch.arange(3))  # splits it after [1, 2]
+    tree.insert([1, 2, 9], np.arange(3))  # splits it after [1, 2]
     upper = old.parent
     assert upper is not tree.root and upper.created == old.created
     states = {n.id: n.state for n in panel.nodes_of(tree.snapshot(None, max_key=0))}
