@@ -112,7 +112,7 @@ def layer_case(backends: list[str], heads: tuple[int, int, int], prefix: list[in
     k = torch.randn(T, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
     v = torch.randn(T, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
     locs = torch.cat([table[i, p: p + e] for i, (p, e) in enumerate(zip(prefix, extend))])
-    spec = BatchSpec(input_ids=[0] * T, out_cache_loc=locs, req_pool_indices=list(range(len(seq))),
+    spec = BatchSpec(input_ids=[0] * T, out_cache_loc=locs.cpu().numpy(), req_pool_indices=list(range(len(seq))),
                      prefix_lens=list(prefix), extend_lens=list(extend))
     layer = _Layer(D**-0.5)
     cache.store(0, locs, k, v)

@@ -57,6 +57,7 @@ class _Static:
         self.buf = self.host.to(device)
         self.copied = torch.cuda.Event() if pin else None  # the last host-to-device copy out of `host`
         ids, pos, rows, seq, loc = self.buf.unbind(0)
+        self.loc = loc  # the new tokens' KV slots on the device (padding rows: the scratch slot)
         self.fb = ForwardBatch(
             mode=ForwardMode.DECODE, batch_size=bs, num_tokens=bs, input_ids=ids, positions=pos,
             out_cache_loc=loc, req_pool_indices=rows, prefix_lens=pos, seq_lens=seq,
@@ -178,6 +179,7 @@ class _StaticExtend:
         self.buf = self.host.to(device)
         self.copied = torch.cuda.Event() if pin else None
         ids, pos, rows, pre, seq, ptr, blocks, loc = self.buf.split(self.split)
+        self.loc = loc  # the new tokens' KV slots on the device (padding rows: the scratch slot)
         self.views = [a for a in np.split(self.host_np, np.cumsum(self.split)[:-1])]
         self.pad_row, self.scratch_slot = pad_row, scratch_slot
         self.clear()
