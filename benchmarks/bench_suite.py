@@ -189,6 +189,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                                                "forward_seconds", "decode_seconds", "radix_host_seconds",
                                                "device_seconds", "scheduler_cpu_seconds")}
         phases = {k: round(v - before["phase_seconds"].get(k, 0.0), 3) for k, v in after["phase_seconds"].items()}
+        phase_cpu = {k: round(v - before["phase_cpu_seconds"].get(k, 0.0), 3)
+                     for k, v in after["phase_cpu_seconds"].items()}
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
                   # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
@@ -209,6 +211,9 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # the scheduler thread's wall time by phase (Counters.phases): what a round's host time is made of
                   # (on a GPU a phase that first reads a device result also waits for the device there)
                   "phase_seconds": phases,
+                  # the scheduler thread's CPU time in each phase: its wall less this is what the phase waited for
+                  # (the interpreter lock held by program threads, or the device)
+                  "phase_cpu_seconds": phase_cpu,
                   # the device's computing time (engine/device_time.py: CUDA events around forwards, sampling and
                   # prompt logprobs; on a CPU their wall time) and its share of the wall: 1 - that share is the
                   # time the device waited for the host
@@ -471,7 +476,7 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
                 "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
                 "peak_gpu_mb", "eager_forward_seconds", "slowest_forwards", "triton_compiles",
                 "radix_host_seconds", "radix_host_share", "device_seconds", "device_busy_share",
-                "scheduler_cpu_seconds", "phase_seconds", "runs_programs_per_s")})
+                "scheduler_cpu_seconds", "phase_seconds", "phase_cpu_seconds", "runs_programs_per_s")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]

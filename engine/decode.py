@@ -33,7 +33,7 @@ class DecodeRounds:
     _pending: PendingStep | None  # a decode step whose tokens are still on the device (Scheduler sets it)
 
     def _run_decode(self: Scheduler) -> None:
-        t0 = time.perf_counter()
+        t0 = self._now()
         self._decode_round()
         self.counters.decode_seconds += time.perf_counter() - t0
 
@@ -48,7 +48,7 @@ class DecodeRounds:
             reqs = [reqs[i] for i in order]
         else:
             groups = None
-        t0 = time.perf_counter()
+        t0 = self._now()
         spec = self._decode_spec(reqs, [r.output_ids[-1] for r in reqs], groups=groups)
         self._phase("build", t0)
         hidden = self._forward(spec, reqs)
@@ -64,7 +64,7 @@ class DecodeRounds:
     def _launch(self: Scheduler, reqs: list[Req], hidden: Any) -> bool:
         """Sample this step on the device and leave it pending. False when sampling raised (the caller then
         samples synchronously, request by request)."""
-        t0 = time.perf_counter()
+        t0 = self._now()
         try:
             with self.device_time.span():
                 out = sample_on_device(self.runner.logits(hidden, None), reqs, self.eos_ids, self.generator)
@@ -129,12 +129,12 @@ class DecodeRounds:
         """Bring the pending decode step's tokens to the host and advance its requests."""
         prev, self._pending = self._pending, None
         if prev is not None:
-            t0 = time.perf_counter()
+            t0 = self._now()
             self._advance(prev.reqs, self._to_host(prev.out))
             self.counters.decode_seconds += time.perf_counter() - t0
 
     def _to_host(self: Scheduler, out: DeviceSample) -> SampleOutput:
-        t0 = time.perf_counter()
+        t0 = self._now()
         host = out.to_host()
         self._phase("sample", t0)
         return host

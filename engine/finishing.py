@@ -30,7 +30,7 @@ class Finishing:
 
     def _sample_and_advance(self: Scheduler, reqs: list[Req], hidden: Any, rows: list[int] | None) -> None:
         """Sample the next token of each request from `rows` of the forward's hidden states (all when None)."""
-        t0 = time.perf_counter()
+        t0 = self._now()
         try:
             with self.device_time.span():
                 out = sample(self.runner.logits(hidden, rows), reqs, self.eos_ids, self.generator,
@@ -48,7 +48,7 @@ class Finishing:
     def _advance(self: Scheduler, reqs: list[Req], out: SampleOutput) -> None:
         """Append each request's sampled token, then finish, jump forward or tell its caller. A request that
         finished meanwhile (aborted while its step was in flight, under overlap scheduling) is skipped."""
-        now = t0 = time.perf_counter()
+        now = t0 = self._now()
         live = [i for i, r in enumerate(reqs) if not r.finished]
         self.counters.generated_tokens += len(live)
         self.counters.recent.append((now, len(live), 0))
@@ -126,11 +126,12 @@ class Finishing:
     def _jump_forward(self: Scheduler, req: Req) -> None:
         """The grammar admits one continuation: append its canonical tokens now (re-tokenizing the last few
         generated tokens with it), to be computed by one extend next round instead of one decode each."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()  # nested in "advance": its clocks, not the phase mark
         try:
             self._jump_forward_one(req)
         finally:
-            self._phase("jump_forward", t0)
+            self.counters.phases["jump_forward"] += time.perf_counter() - t0
+            self.counters.phase_cpu["jump_forward"] += time.thread_time() - cpu0
 
     def _jump_forward_one(self: Scheduler, req: Req) -> None:
         fill_len = req.fill_len

@@ -107,7 +107,7 @@ class PrefillRounds:
             req.output_top_logprobs.extend([None] * len(ids))
 
     def _run_prefill(self: Scheduler, batch: list[PrefillItem]) -> None:
-        t0 = time.perf_counter()
+        t0 = self._now()
         batch, features = self._encode_media(batch)
         if not batch:
             return
@@ -144,7 +144,7 @@ class PrefillRounds:
         hidden = self._forward(spec, reqs)
         if hidden is None:
             return
-        t0 = time.perf_counter()
+        t0 = self._now()
         self.counters.prefill_batches += 1
         self.counters.prefill_tokens += spec.num_tokens
         self.counters.recent.append((time.perf_counter(), 0, spec.num_tokens))

@@ -61,7 +61,8 @@ def describe_forward(spec: BatchSpec) -> str:
 # jump_forward: the part of advance spent on jump-forward; logprobs: a prefill's prompt logprobs (a select's
 # scores: the LM head on the prompt's rows, log_softmax, top-k, and their copy to the host, which on a GPU waits
 # for the forward); cache: the rest of a prefill's bookkeeping (the tree's share of a computed chunk, adopting a
-# lender's prefix); idle: waiting for requests (the inbox) or for room
+# lender's prefix); idle: waiting for requests (the inbox) or for room. Counters.phase_cpu holds the thread's
+# CPU time in the same intervals: a phase's wall less its CPU is what it waited for (the GIL, or the device)
 PHASES = ("admit", "build", "forward", "sample", "advance", "jump_forward", "logprobs", "cache", "idle")
 
 
@@ -96,6 +97,9 @@ class Counters:
     thread_cpu_seconds: float = 0.0
     # the scheduler thread's wall time by phase (see Scheduler._phase): where a round's host time goes
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    # its CPU time (time.thread_time) in the same intervals: a phase's wall less this is what it waited for, the
+    # interpreter lock (program threads) or the device
+    phase_cpu: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
 class Scheduler(PrefillRounds, DecodeRounds, Finishing):
     """The engine's thread: its state, the thread-safe entry points, the loop and one round (`step`). The
@@ -122,6 +126,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.inbox: queue.Queue = queue.Queue()
         self.new_token_ratio: float = config.init_new_token_ratio
         self.counters: Counters = Counters()
+        self._cpu_mark = 0.0  # the thread's CPU clock where the current phase began (see _now)
         # how long the device computed (forwards, sampling, prompt logprobs): against the wall, its idle time
         self.device_time: DeviceTime = DeviceTime(runner.device.type == "cuda" and config.tp_size == 1 and not config.tp_workers)
         self.generator: torch.Generator = torch.Generator(device=runner.device).manual_seed(config.random_seed)
@@ -210,7 +215,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                 ran = self.step()
                 self.counters.thread_cpu_seconds = time.thread_time()  # the scheduler thread's CPU time so far
                 if not ran and self.busy:
-                    t0 = time.perf_counter()
+                    t0 = self._now()
                     time.sleep(0.001)  # nothing could run this round (e.g. a grammar still compiling)
                     self._phase("idle", t0)
         except BaseException as e:  # a bug in the engine: fail everything loudly rather than hang callers
@@ -238,12 +243,12 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         if self._pending is not None:
             nxt = self._overlap_batch()
             if nxt is not None:
-                t0 = time.perf_counter()
+                t0 = self._now()
                 self._decode_overlapped(nxt)
                 self.counters.decode_seconds += time.perf_counter() - t0
                 return True
             self._resolve_pending()
-        t0 = time.perf_counter()
+        t0 = self._now()
         batch = self._admit()
         self._phase("admit", t0)
         if batch:
@@ -254,14 +259,22 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
             return True
         return False
 
+    def _now(self) -> float:
+        """The start of a phase: time.perf_counter(), with the thread's CPU clock noted for `_phase`."""
+        self._cpu_mark = time.thread_time()
+        return time.perf_counter()
+
     def _phase(self, name: str, t0: float) -> float:
-        """Count the time since t0 to a phase of Counters.phases; returns now."""
-        now = time.perf_counter()
+        """Count the wall time since t0 (from `_now` or the previous `_phase`) to a phase of Counters.phases, and
+        the thread's CPU time since then to Counters.phase_cpu; returns now, the start of the next phase."""
+        now, cpu = time.perf_counter(), time.thread_time()
         self.counters.phases[name] += now - t0
+        self.counters.phase_cpu[name] += cpu - self._cpu_mark
+        self._cpu_mark = cpu
         return now
 
     def _drain_inbox(self, block: bool) -> None:
-        t0 = time.perf_counter()
+        t0 = self._now()
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
         except queue.Empty:
@@ -308,7 +321,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         cascade = not self.config.disable_cascade and not self.runner.replays_graph(spec)
         shared = self.kv.shared_prefix_len(reqs) if cascade else 0
         spec.shared_len = shared if shared >= MIN_SHARED_PREFIX else 0
-        t0 = time.perf_counter()
+        t0 = self._now()
         try:
             with self.device_time.span():
                 hidden = self.runner.forward(spec)
@@ -321,10 +334,9 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                 r.new_slots = None
                 self._fail(r, e)
             return None
-        dt = time.perf_counter() - t0
+        dt = self._phase("forward", t0) - t0
         c = self.counters
         c.forward_seconds += dt
-        c.phases["forward"] += dt
         if not spec.graphed:
             c.eager_forwards += 1
             c.eager_seconds += dt

@@ -73,6 +73,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "device_seconds": s.device_time.collect(),
         "scheduler_cpu_seconds": c.thread_cpu_seconds,
         "phase_seconds": dict(c.phases),
+        "phase_cpu_seconds": dict(c.phase_cpu),
         "new_token_ratio": s.new_token_ratio,
     }
 

@@ -787,3 +787,20 @@ def test_stats_say_how_long_the_device_computed(engine):
     assert 0 < device <= wall
     assert device >= 0.5 * (after["forward_seconds"] - before["forward_seconds"])  # the forwards are spans
     assert after["scheduler_cpu_seconds"] > before["scheduler_cpu_seconds"]
+
+
+def test_each_phase_counts_its_cpu_time_within_its_wall_time(engine):
+    """phase_cpu_seconds: the scheduler thread's CPU time in each phase of phase_seconds grows with work, stays
+    within that phase's wall time, and all phases' together within the thread's CPU time."""
+    before = engine.get_stats()
+    engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    engine.score("The sky is", [" blue", " green"], "token_length_normalized")
+    after = engine.get_stats()
+    wall = {k: after["phase_seconds"][k] - before["phase_seconds"][k] for k in after["phase_seconds"]}
+    cpu = {k: after["phase_cpu_seconds"][k] - before["phase_cpu_seconds"][k] for k in after["phase_cpu_seconds"]}
+    assert set(cpu) == set(wall)
+    for k in cpu:
+        assert 0 <= cpu[k] <= wall[k] + 2e-3, (k, cpu[k], wall[k])  # clocks read a few microseconds apart
+    assert cpu["forward"] > 0 and cpu["advance"] > 0 and cpu["logprobs"] > 0
+    total = after["scheduler_cpu_seconds"] - before["scheduler_cpu_seconds"]
+    assert sum(v for k, v in cpu.items() if k != "jump_forward") <= total + 2e-3  # jump_forward is inside advance
