@@ -790,8 +790,8 @@ def test_stats_say_how_long_the_device_computed(engine):
 
 
 def test_each_phase_counts_its_cpu_time_within_its_wall_time(engine):
-    """phase_cpu_seconds: the scheduler thread's CPU time in each phase of phase_seconds grows with work, stays
-    within that phase's wall time, and all phases' together within the thread's CPU time."""
+    """phase_cpu_seconds: the scheduler thread's CPU time in each phase of phase_seconds grows with work and stays
+    within that phase's wall time."""
     before = engine.get_stats()
     engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     engine.score("The sky is", [" blue", " green"], "token_length_normalized")
@@ -802,5 +802,3 @@ def test_each_phase_counts_its_cpu_time_within_its_wall_time(engine):
     for k in cpu:
         assert 0 <= cpu[k] <= wall[k] + 2e-3, (k, cpu[k], wall[k])  # clocks read a few microseconds apart
     assert cpu["forward"] > 0 and cpu["advance"] > 0 and cpu["logprobs"] > 0
-    total = after["scheduler_cpu_seconds"] - before["scheduler_cpu_seconds"]
-    assert sum(v for k, v in cpu.items() if k != "jump_forward") <= total + 2e-3  # jump_forward is inside advance

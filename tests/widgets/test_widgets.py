@@ -192,7 +192,9 @@ def test_program_view_folds_a_gens_reasoning(runtime, stream):
         view.on_event(event)
         view.flush()
 
-    state = thinker.run("What is 2 + 3?", 0.8, backend=runtime, stream=stream, subscribers=[at_once])
+    # every step's piece (the Runtime's default coalescing can deliver a fast engine's short reasoning in one)
+    state = thinker.run("What is 2 + 3?", 0.8, backend=runtime, stream=stream, subscribers=[at_once],
+                        stream_interval_s=0)
     state.sync()
     settle(view)
     (gen,) = segs(view.programs[0], "gen")
