@@ -182,8 +182,9 @@ class PrefillRounds:
                     # end (sharing it mid-request saves no one anything and cost a tree walk per request and
                     # round); jump-forward still rolls back no further than this extend
                     r.rollback_floor = r.kv_len
-                elif not item.rider:  # share what is computed (a chunk, or the whole prompt)
-                    self.kv.cache_unfinished(r)
+                elif not item.rider and (r.kv_len < r.fill_len or r.remaining_new_tokens() > 0):
+                    self.kv.cache_unfinished(r)  # share what is computed (a chunk, or the whole prompt); a request
+                    # that ends with this chunk (a select's choice) gives the tree its tokens in release: one walk
                 if r.kv_len == r.fill_len:
                     r.input_logprobs_done = True
                     if r.remaining_new_tokens() <= 0:
