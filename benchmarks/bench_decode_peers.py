@@ -2,7 +2,8 @@
 sgnb's in the same run (benchmarks/bench_attention.py --engine gives sgnb's rows):
 
 - gpt-fast: pytorch-labs/gpt-fast's `model.py` (its public repository, kept out of this tree: pass its folder),
-  the decode step compiled with mode="reduce-overhead", fullgraph, as its generate.py does; greedy argmax.
+  the decode step compiled with mode="reduce-overhead", fullgraph and generate.py's inductor settings (coordinate
+  descent tuning), as its generate.py does; greedy argmax.
 - gpt-fast-int8: the same with gpt-fast's weight-only int8 linears (its quantize.py, per-channel scales), the
   quantized peer of our FP8 rows.
 - HF transformers: `generate` with greedy decoding, per-token time = (time(n + k tokens) - time(n)) / k.
@@ -72,6 +73,13 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, qua
         logits = model(x, pos)
         return logits[:, -1].argmax(-1, keepdim=True).to(torch.int32)
 
+    import torch._inductor.config as inductor
+
+    # the compiler settings gpt-fast's generate.py makes before it compiles (its int8 linears' fused dequantizing
+    # GEMVs come from the tuning); the rows before 2026-12-07 session 27 were measured without them
+    inductor.coordinate_descent_tuning = True
+    inductor.triton.unique_kernel_names = True
+    inductor.fx_graph_cache = True
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
     rows = []
     for b in batches:
