@@ -142,7 +142,7 @@ class DecodeRounds:
     def _decode_spec(self: Scheduler, reqs: list[Req], input_ids: list[int], groups: Any = None,
                      input_ids_device: torch.Tensor | None = None) -> BatchSpec:
         """One new KV slot per request (room was ensured), written into their rows, and the decode batch over
-        them. No device sync (the rows and positions go up through pinned memory)."""
+        them. Host work only: the rows' new entries reach the device with the forward (ReqToTokenPool.sync_device)."""
         slots = self.kv.alloc(len(reqs))
         assert slots is not None, "decode room was ensured"
         self.kv.write_next(reqs, slots)
