@@ -172,7 +172,9 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
             if e.get("type") == "end":
                 ended[e["program"]] = now
 
-    threads = 1 if spec.get("sequential") else "auto"
+    # SGNB_SUITE_SEQUENTIAL=1: one program at a time (batches then do not depend on thread timing, so greedy texts
+    # can be compared between two trees with SGNB_SUITE_TEXTS)
+    threads = 1 if spec.get("sequential") or os.environ.get("SGNB_SUITE_SEQUENTIAL") == "1" else "auto"
     # when the timed run starts (wall clock): a child killed by its timeout still says how long it ran
     print(json.dumps({"timing_started": time.time()}), flush=True)
     t0 = time.perf_counter()
@@ -180,6 +182,11 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                                   frontend_hints=spec.get("hints", True), subscribers=[on_program])
     wall = time.perf_counter() - t0
     errors = [repr(st.error()) for st in states if st.error() is not None]
+    if os.environ.get("SGNB_SUITE_TEXTS"):  # each program's final text (greedy): compare two trees' outputs
+        folder = Path(os.environ["SGNB_SUITE_TEXTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        texts = [st.text() if st.error() is None else None for st in states]
+        (folder / f"{wl.name}-{system}.json").write_text(json.dumps(texts))
 
     if engine is not None:
         after = engine.get_stats()
@@ -189,8 +196,8 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                                                "forward_seconds", "decode_seconds", "radix_host_seconds",
                                                "device_seconds", "scheduler_cpu_seconds")}
         phases = {k: round(v - before["phase_seconds"].get(k, 0.0), 3) for k, v in after["phase_seconds"].items()}
-        phase_cpu = {k: round(v - before["phase_cpu_seconds"].get(k, 0.0), 3)
-                     for k, v in after["phase_cpu_seconds"].items()}
+        phase_cpu = {k: round(v - before.get("phase_cpu_seconds", {}).get(k, 0.0), 3)
+                     for k, v in after.get("phase_cpu_seconds", {}).items()}  # (absent in engines before 8437e2f)
         result = {"prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                   "prompt_tokens_computed": d["prefill_tokens"], "decode_steps": d["decode_steps"],
                   # where the engine's time went: rounds of each kind; forward_seconds is host time on a GPU
