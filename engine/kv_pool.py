@@ -23,6 +23,7 @@ from sgnb.kernels.kv_store import store_kv
 from sgnb.kernels.rope import apply_rope_and_store
 
 _NO_WRITES = np.empty(0, dtype=np.int64)
+_NO_WRITES.flags.writeable = False
 
 
 class ReqToTokenPool:
@@ -148,9 +149,9 @@ class KVPool:
     def __init__(self, num_slots: int, cache: KVCache | None = None) -> None:
         self.size = num_slots
         self.cache = cache
-        self._free = np.arange(1, num_slots + 1, dtype=np.int64)
-        self._num_free = num_slots  # len(_free) + the pending slots, kept as a count: `available` is hot
-        self._pending: list[np.ndarray] = []  # freed slots, merged lazily (one concatenation per many frees)
+        self._free: np.ndarray  # read-only: handed-out slices are views, nobody writes through them
+        self._num_free: int  # len(_free) + the pending slots, kept as a count: `available` is hot
+        self._pending: list[np.ndarray]  # freed slots, merged lazily (one concatenation per many frees)
         self.clear()
 
     @property
@@ -183,6 +184,6 @@ class KVPool:
 
     def clear(self) -> None:
         self._free = np.arange(1, self.size + 1, dtype=np.int64)
-        self._free.flags.writeable = False  # handed-out slices are views: nobody writes through them
+        self._free.flags.writeable = False
         self._num_free = self.size
         self._pending = []

@@ -176,18 +176,20 @@ class PrefillRounds:
                     r.input_top_logprobs.extend(tops)
                 r.kv_len = start + item.extend
                 r.new_slots = None
+                done = r.kv_len == r.fill_len  # its prompt is all computed
+                ends = done and r.remaining_new_tokens() <= 0  # and it generates nothing (a select's choice)
                 if r.borrowed:
                     self.kv.adopt(r)
                 if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
                     # end (sharing it mid-request saves no one anything and cost a tree walk per request and
                     # round); jump-forward still rolls back no further than this extend
                     r.rollback_floor = r.kv_len
-                elif not item.rider and (r.kv_len < r.fill_len or r.remaining_new_tokens() > 0):
-                    self.kv.cache_unfinished(r)  # share what is computed (a chunk, or the whole prompt); a request
-                    # that ends with this chunk (a select's choice) gives the tree its tokens in release: one walk
-                if r.kv_len == r.fill_len:
+                elif not item.rider and not ends:  # share what is computed (a chunk, or the whole prompt); one
+                    # that ends now gives the tree its tokens in release (one walk, no lock taken and dropped)
+                    self.kv.cache_unfinished(r)
+                if done:
                     r.input_logprobs_done = True
-                    if r.remaining_new_tokens() <= 0:
+                    if ends:
                         self._finish(r, {"type": "length", "length": r.sampling.max_new_tokens})
                     else:
                         to_sample.append(r)

@@ -243,7 +243,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         if self._pending is not None:
             nxt = self._overlap_batch()
             if nxt is not None:
-                t0 = self._now()
+                t0 = time.perf_counter()
                 self._decode_overlapped(nxt)
                 self.counters.decode_seconds += time.perf_counter() - t0
                 return True
