@@ -177,10 +177,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
     threads = 1 if spec.get("sequential") or os.environ.get("SGNB_SUITE_SEQUENTIAL") == "1" else "auto"
     # when the timed run starts (wall clock): a child killed by its timeout still says how long it ran
     print(json.dumps({"timing_started": time.time()}), flush=True)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     states = wl.program.run_batch(wl.args, backend=backend, temperature=0.0, num_threads=threads,
                                   frontend_hints=spec.get("hints", True), subscribers=[on_program])
-    wall = time.perf_counter() - t0
+    wall, process_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     errors = [repr(st.error()) for st in states if st.error() is not None]
     if os.environ.get("SGNB_SUITE_TEXTS"):  # each program's final text (greedy): compare two trees' outputs
         folder = Path(os.environ["SGNB_SUITE_TEXTS"])
@@ -229,6 +229,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # the scheduler thread's CPU time: its phases' wall time (less idle) minus this is what it waited
                   # for, the GIL (program threads, the tokenizer) or a device result
                   "scheduler_cpu_seconds": round(d["scheduler_cpu_seconds"], 3),
+                  # the whole process's CPU time (every thread: the scheduler, the program threads, the tokenizer's,
+                  # torch's): on a GPU, less the scheduler's, mostly the program threads' Python, which shares one
+                  # interpreter lock with the scheduler thread (their sum near the wall: the lock is the limit)
+                  "process_cpu_seconds": round(process_cpu, 3),
                   # Triton kernel variants compiled while the workload ran (each a compile inside its timing)
                   "triton_compiles": {k: n - variants_before.get(k, 0) for k, n in _triton_variants().items()
                                       if n > variants_before.get(k, 0)},

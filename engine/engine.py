@@ -254,7 +254,6 @@ class Engine:
         sit in its characters."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
-        vocab = self.source.config.vocab_size
         limit = min(self.context_length, self.runner.kv_pool.size)  # a prompt holds at most limit - 1 tokens
         if prompt is not None:
             if not isinstance(prompt, str):
@@ -264,13 +263,6 @@ class Engine:
                 raise ValueError(f"the prompt has {len(prompt)} characters, more than the {limit - 1} tokens this "
                                  f"engine takes could hold (context length {self.context_length})")
             ids, offsets = self.tokenizer.encode_with_offsets(prompt)
-            if ids and max(ids) >= vocab:
-                raise ValueError(
-                    f"the tokenizer turned this prompt into ids up to {max(ids)}, outside the model's vocabulary "
-                    f"[0, {vocab}): the tokenizer ({self.tokenizer.vocab_size} ids) does not fit this model"
-                    + (". Dummy models use the SmolLM2 tokenizer: for text prompts pick one whose vocabulary "
-                       "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
-                       if self.source.dummy else ""))
         else:
             assert input_ids is not None  # exactly one of them
             offsets = None
@@ -282,15 +274,29 @@ class Engine:
                 raise ValueError("input_ids must be a list of ints")
             else:
                 ids = [int(t) for t in input_ids]
-            if ids and not (0 <= min(ids) and max(ids) < vocab):
-                bad = [t for t in ids if not 0 <= t < vocab]
-                raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        self._check_fits(ids, from_text=prompt is not None)
+        return ids, offsets
+
+    def _check_fits(self, ids: list[int], from_text: bool) -> None:
+        """ValueError unless the token ids (ints: the tokenizer's, or a caller's checked by `_tokens`) are in the
+        model's vocabulary and fit the context; from_text: the tokenizer made them from a prompt's text."""
+        vocab = self.source.config.vocab_size
+        limit = min(self.context_length, self.runner.kv_pool.size)  # a prompt holds at most limit - 1 tokens
+        if from_text and ids and max(ids) >= vocab:
+            raise ValueError(
+                f"the tokenizer turned this prompt into ids up to {max(ids)}, outside the model's vocabulary "
+                f"[0, {vocab}): the tokenizer ({self.tokenizer.vocab_size} ids) does not fit this model"
+                + (". Dummy models use the SmolLM2 tokenizer: for text prompts pick one whose vocabulary "
+                   "holds it (dummy:tiny, dummy:llama-2-7b-smolvocab, dummy:llama-3-8b) or pass input_ids"
+                   if self.source.dummy else ""))
+        if not from_text and ids and not (0 <= min(ids) and max(ids) < vocab):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
         if len(ids) >= limit:
             raise ValueError(f"the prompt has {len(ids)} tokens; this engine takes at most {limit - 1} "
                              f"(context length {self.context_length}, KV pool {self.runner.kv_pool.size} tokens)")
-        return ids, offsets
 
     # ---- images and videos ----------------------------------------------------------------------------------
     @property

@@ -138,14 +138,25 @@ class Chunks:
 
 def wait(engine: Engine, reqs: list[Req], text_in_logprobs: bool) -> list[dict]:
     """Submit the requests and block until all finish; an interrupt aborts them."""
-    done = [threading.Event() for _ in reqs]
-    for req, ev in zip(reqs, done):
-        req.on_update = lambda r, ev=ev: ev.set() if r.finished else None
+    # one event for the lot, set by the last to finish: the caller wakes once, not once a request (a select's
+    # choices finish in the same round, and every wake-up takes the GIL from the scheduler thread)
+    pending = {id(r) for r in reqs}
+    done = threading.Event()
+
+    def on_update(r: Req) -> None:  # on the scheduler thread
+        if r.finished:
+            pending.discard(id(r))
+            if not pending:
+                done.set()
+
+    for req in reqs:
+        req.on_update = on_update
+    if not reqs:
+        done.set()
     engine.scheduler.submit(*reqs)
     try:
-        for ev in done:
-            while not ev.wait(wait_slice()):
-                engine._check_open(workers=False)
+        while not done.wait(wait_slice()):
+            engine._check_open(workers=False)
     except BaseException:
         for req in reqs:
             engine.scheduler.abort(req.rid)

@@ -69,17 +69,19 @@ def plan(engine: Engine, prefix: str | list[int], choices: list[str], method: st
     raises (ValueError) before any model work; images are loaded here, in the caller's thread."""
     check_choices(choices, method)
     tokenizer = engine.tokenizer
+    from_text = isinstance(prefix, str)
     if isinstance(prefix, str):
-        prefix_ids, text = tokenizer.encode(prefix), prefix
-        full = [tokenizer.encode(prefix + c) for c in choices]
+        # prefix + choice tokenized together (their junction may merge), all in one call
+        prefix_ids, *full = tokenizer.encode_many([prefix, *(prefix + c for c in choices)])
+        text = prefix
     else:
-        prefix_ids = list(prefix)
+        prefix_ids = engine._tokens(None, prefix)[0] if len(prefix) else []  # the caller's: ints in the vocabulary
         text = tokenizer.decode(prefix_ids, False)
-        full = [prefix_ids + tokenizer.encode(c) for c in choices]
+        full = [prefix_ids + ids for ids in tokenizer.encode_many(choices)]
     if not prefix_ids:
         raise ValueError("select needs a non-empty prefix to score choices against")
     for ids in full:
-        engine._tokens(None, ids)
+        engine._check_fits(ids, from_text)
     media = engine._media
     items = media.items(image_data, video_data)  # once for every choice (they share the prefix)
     expanded = [media.place(f, None, None, items=items) for f in full]
@@ -101,9 +103,11 @@ def plan(engine: Engine, prefix: str | list[int], choices: list[str], method: st
     return ScorePlan(reqs, choices, method, text)
 
 
+_SCORING = SamplingParams.from_dict({"max_new_tokens": 0})  # frozen: every scoring request shares it
+
+
 def _prompt_logprobs(ids: list[int], placements: list[Any], start: int) -> Req:
     """A request that only computes its prompt's logprobs from token `start` on."""
-    req = Req(uuid.uuid4().hex[:12], ids, SamplingParams.from_dict({"max_new_tokens": 0}), return_logprob=True,
-              logprob_start_len=start)
+    req = Req(uuid.uuid4().hex[:12], ids, _SCORING, return_logprob=True, logprob_start_len=start)
     req.mm = placements
     return req

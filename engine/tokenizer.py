@@ -198,11 +198,21 @@ class Tokenizer:
         # tokenized at once, beside the scheduler thread (mmlu at GPU scale on a dummy model ran 1.2-1.7x the
         # programs a second on this 2-core machine; its prompts' encodes had held the GIL ~30% of the run)
         encoding = self._tk.encode_batch([text], add_special_tokens=False)[0]
-        ids = encoding.ids
-        bos = self._bos_id if self._add_bos and ids[:1] != [self._bos_id] else None
-        if bos is not None:
-            ids.insert(0, bos)
-        return ids, TextOffsets(encoding, int(bos is not None))
+        ids, skipped = self._with_bos(encoding.ids)
+        return ids, TextOffsets(encoding, skipped)
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() of each text, in one call: the texts are tokenized in parallel, without the GIL (a select's
+        prefix and its prefix + choice texts)."""
+        return [self._with_bos(e.ids)[0] for e in self._tk.encode_batch(list(texts), add_special_tokens=False)]
+
+    def _with_bos(self, ids: list[int]) -> tuple[list[int], int]:
+        """ids with BOS prepended when the tokenizer asks for it and they do not start with it; how many ids
+        were prepended (0 or 1)."""
+        if self._add_bos and self._bos_id is not None and ids[:1] != [self._bos_id]:
+            ids.insert(0, self._bos_id)
+            return ids, 1
+        return ids, 0
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; special tokens are dropped unless skip_special_tokens=False."""

@@ -20,7 +20,8 @@ suite_rows='import json,sys
 for w in json.load(open(sys.argv[1]))["workloads"]:
     print(w["name"], w["system"], w.get("status"), w.get("programs_per_s"), w.get("sgnb_speedup"),
           w.get("cache_hit_rate"), w.get("optimal_cache_hit_rate"), w.get("wall_s"), "busy", w.get("device_busy_share"),
-          "sched_cpu", w.get("scheduler_cpu_seconds"), w.get("phase_seconds"), "cpu", w.get("phase_cpu_seconds"))'
+          "sched_cpu", w.get("scheduler_cpu_seconds"), "proc_cpu", w.get("process_cpu_seconds"),
+          w.get("phase_seconds"), "cpu", w.get("phase_cpu_seconds"))'
 for spec in "$@"; do
   read -r -a words <<< "$spec"
   words=("${words[@]//\$OUT/$OUT}")  # a literal $OUT in a step names the call's output folder

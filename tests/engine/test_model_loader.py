@@ -264,6 +264,14 @@ def test_tokenizer_add_bos(tok: Tokenizer) -> None:
     assert with_bos.encode("<|im_start|>hi") == tok.encode("<|im_start|>hi")  # never a doubled BOS
 
 
+def test_encode_many_is_encode_of_each_text(tok: Tokenizer) -> None:
+    texts = ["A person takes the", "A person takes the dog.", "<|im_start|>hi", "", " caf\u00e9 \u6f22\u5b57"]
+    with_bos = Tokenizer(tok.backend, bos_token="<|im_start|>", add_bos_token=True)
+    for t in (tok, with_bos):
+        assert t.encode_many(texts) == [t.encode(x) for x in texts]
+        assert t.encode_many(texts)[1][0] == (1 if t is with_bos else tok.encode("A")[0])
+
+
 # ---- (c) the conversion cache -------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_second_resolve_is_a_cache_hit(smollm2: ModelSource, cache_dir: Path,

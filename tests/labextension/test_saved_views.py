@@ -25,8 +25,10 @@ CELLS = [
     's += "\\nThe best one is" + select("best", choices=[" red", " blue"])',
     "%sgl tree",
     "%sgl stats",
-    # the test marks the live views while this cell waits: the refresh after it must keep them
-    "import time\ntime.sleep(6)",
+    # the test marks the live views while this cell waits (for the file the test writes then): the refresh after
+    # it must keep them
+    "import pathlib, time\nfor _ in range(1200):\n    if pathlib.Path('marked').exists():\n        break\n"
+    "    time.sleep(0.05)",
     '%%sgl --temperature 0 -o later\ns += "Three fruits: apple," + gen("fruit", max_tokens=4)',
     "import sgnb as sgl\neng = sgl.get_default_backend().engine\n"
     "print('final', len(eng.tree_snapshot(0)['nodes']) - 1, eng.get_stats()['requests_finished'], repr(later['fruit']))",
@@ -111,6 +113,7 @@ def test_a_saved_notebook_reopens_with_its_views(chromium, tmp_path, front_end):
                                " && document.querySelector('.sgnb-rt') && document.querySelector('.sgnb-st')",
                                timeout=180_000)
         page.evaluate("() => { for (const e of document.querySelectorAll('.sgnb-rt, .sgnb-st')) e.__kept = 1; }")
+        (root / "marked").touch()  # the waiting cell ends
         page.wait_for_selector(".jp-OutputArea-output:has-text('final ')", timeout=180_000)
         page.wait_for_timeout(1000)
         final = re.search(r"final (\d+) (\d+) '(.*)'", page.locator(".jp-OutputArea-output:has-text('final ')")
