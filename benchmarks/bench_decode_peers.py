@@ -6,6 +6,9 @@ sgnb's in the same run (benchmarks/bench_attention.py --engine gives sgnb's rows
   descent tuning), as its generate.py does; greedy argmax.
 - gpt-fast-int8: the same with gpt-fast's weight-only int8 linears (its quantize.py, per-channel scales), the
   quantized peer of our FP8 rows.
+- gpt-fast-moe: gpt-fast's Mixtral model (`mixtral-moe/model.py` in the same folder) on the Mixtral-8x7B shape,
+  --moe-layers of its 32 layers, compiled the same way; batch 1 only (its MoE block's output adds to the residual
+  as intended only then). bench_moe_fp8.py's mixtral part runs it beside the engine.
 - HF transformers: `generate` with greedy decoding, per-token time = (time(n + k tokens) - time(n)) / k.
 
     python3 benchmarks/bench_decode_peers.py --gpt-fast-dir .gpu/gpt-fast --batches 1,8,64,128 --out x.json
@@ -55,14 +58,24 @@ def _int8(folder: str, model_mod, model):
     return model.to("cuda")
 
 
-GPT_FAST_SYSTEMS = {"bf16": "gpt-fast", "int8": "gpt-fast-int8"}  # gpt-fast's weights -> the rows' system name
+GPT_FAST_SYSTEMS = {"bf16": "gpt-fast", "int8": "gpt-fast-int8", "moe": "gpt-fast-moe"}  # its models -> row names
+MIXTRAL = "Mixtral-8x7B-v0.1"  # gpt-fast's mixtral-moe/model.py config name
 
 
-def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, quant: str = "bf16") -> list[dict]:
-    """gpt-fast's decode step at each batch; quant "int8": its weight-only int8 linears (the quantized peer)."""
-    mod = _load(folder, "model", "gpt_fast_model")
+def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, quant: str = "bf16",
+                  layers: int | None = None) -> list[dict]:
+    """gpt-fast's decode step at each batch. quant "bf16": its Llama model on the Llama-2-7B shape; "int8": the
+    same with its weight-only int8 linears (the quantized peer); "moe": its Mixtral model (mixtral-moe/model.py:
+    the routed experts' weights gathered per token, top 2 of 8) on the Mixtral-8x7B shape, `layers` of its 32
+    layers (the whole model's 93 GB do not fit an 80 GB card)."""
+    if quant == "moe":
+        mod = _load(str(Path(folder) / "mixtral-moe"), "model", "gpt_fast_moe_model")
+        margs = mod.ModelArgs(**{**mod.transformer_configs[MIXTRAL], **({"n_layer": layers} if layers else {})})
+    else:
+        mod = _load(folder, "model", "gpt_fast_model")
+        margs = mod.ModelArgs.from_name("7B")
     with torch.device("cuda"):
-        model = mod.Transformer(mod.ModelArgs.from_name("7B"))
+        model = mod.Transformer(margs)
     model = model.to(torch.bfloat16).eval()
     for p in model.parameters():  # small random weights: finite activations through 32 layers
         p.data.normal_(0.0, 0.02)
@@ -104,7 +117,7 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, qua
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t1) / steps * 1e3
         rows.append({"system": GPT_FAST_SYSTEMS[quant], "batch": b, "context": context, "decode_step_ms": round(ms, 2),
-                     "compile_and_capture_s": round(compile_s, 1)})
+                     "compile_and_capture_s": round(compile_s, 1), "layers": margs.n_layer})
         print(json.dumps(rows[-1]), flush=True)
     gc.collect()
     torch.cuda.empty_cache()
@@ -149,7 +162,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--systems", default="gpt-fast,hf-transformers", help="of gpt-fast, gpt-fast-int8 (its "
-                    "weight-only int8), hf-transformers")
+                    "weight-only int8), gpt-fast-moe (its Mixtral model), hf-transformers")
+    ap.add_argument("--moe-layers", type=int, default=None, help="gpt-fast-moe: this many of Mixtral's 32 layers")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -157,7 +171,7 @@ def main() -> None:
     systems = args.systems.split(",")
     for quant, system in GPT_FAST_SYSTEMS.items():
         if system in systems and args.gpt_fast_dir:
-            rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps, quant)
+            rows += gpt_fast_rows(args.gpt_fast_dir, batches, args.context, args.steps, quant, args.moe_layers)
     if "hf-transformers" in systems:
         rows += hf_rows(batches, args.context, args.steps)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -18,6 +18,9 @@ error):
   1k, beside HF transformers' Qwen3MoeForCausalLM (random bf16 weights of the same config, generate), run after
   the engine is gone (both do not fit at once). Floor = (every non-expert weight + the experts the batch routes
   to, expected E * (1 - (1 - k/E)^b) per layer under uniform routing, + the KV read) / copy rate.
+- "mixtral": the engine's decode on the Mixtral-8x7B shape cut to --mixtral-layers layers (default 8 of 32), beside
+  gpt-fast's Mixtral model on the same layers (--gpt-fast-dir: its mixtral-moe/model.py, compiled as its
+  generate.py does; batch 1, the only one it runs) and HF transformers' MixtralForCausalLM (--hf), each row against its floor.
 - "fp8": decode ms/step on the Llama-2-7B shape in bf16 and with quantization="fp8" (and fp8 with _scaled_mm at
   every batch, the path before the small-M kernel), each against its floor (its own weight bytes + KV); HF
   transformers bf16 on the same shape (bench_decode_peers.hf_rows).
@@ -370,19 +373,25 @@ def _moe_weights(eng, batch: int) -> float:
 
 
 def hf_moe_rows(args: argparse.Namespace) -> list[dict]:
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from sgnb.engine.model_loader import CONFIGS_DIR
 
     d = json.loads((CONFIGS_DIR / "qwen3-30b-a3b.json").read_text())
-    d = {k: v for k, v in d.items() if not k.startswith("_")}
-    cfg = Qwen3MoeConfig(**d)
+    cfg = Qwen3MoeConfig(**{k: v for k, v in d.items() if not k.startswith("_")})
+    return _hf_generate_rows(Qwen3MoeForCausalLM, cfg, "qwen3-30b-a3b", args)
+
+
+def _hf_generate_rows(model_class, cfg, name: str, args: argparse.Namespace) -> list[dict]:
+    """HF transformers' decode ms/step of `model_class(cfg)` (random bf16 weights) at each batch: (time of
+    2 + hf_steps new tokens - time of 2) / hf_steps, greedy `generate`."""
+    import torch
+
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16: 30.5B parameters in fp32 would not fit
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: the MoE models in fp32 would not fit
     try:
         with torch.device("cuda"):
-            model = Qwen3MoeForCausalLM(cfg).eval()
+            model = model_class(cfg).eval()
     finally:
         torch.set_default_dtype(default)
     rows = []
@@ -396,7 +405,7 @@ def hf_moe_rows(args: argparse.Namespace) -> list[dict]:
                 model.generate(x, max_new_tokens=2, min_new_tokens=2, **kw)
                 steps = args.hf_steps
                 short, long = peers._generate_s(model, x, 2, kw), peers._generate_s(model, x, 2 + steps, kw)
-            rows.append({"system": "hf-transformers", "model": "qwen3-30b-a3b", "batch": b, "context": args.context,
+            rows.append({"system": "hf-transformers", "model": name, "batch": b, "context": args.context,
                          "decode_step_ms": round((long - short) / steps * 1e3, 2)})
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -426,6 +435,51 @@ def moe_part(args: argparse.Namespace) -> dict:
         hf = {h["batch"]: h["decode_step_ms"] for h in out.get("hf", [])}.get(r["batch"])
         if hf:
             r["hf_over_sgnb"] = round(hf / r["decode_step_ms"], 2)
+    return out
+
+
+def mixtral_part(args: argparse.Namespace) -> dict:
+    """The engine's decode on the Mixtral-8x7B shape (8 experts, top 2), the first --mixtral-layers of its 32
+    layers (all 32 are 93 GB: past an H100's memory, and gpt-fast's copy would need as much again), beside
+    gpt-fast's Mixtral model (mixtral-moe/model.py from --gpt-fast-dir) on the same layers in the same run, and
+    HF transformers' MixtralForCausalLM (--hf). gpt-fast's model runs batch 1 only: its MoE block returns
+    (tokens, dim), which adds to the (batch, 1, dim) residual as intended only when batch is 1 (at 8 it
+    broadcasts to (8, 8, dim)), as its generate.py decodes one sequence."""
+    import tempfile
+
+    import bench_decode_peers as peers
+    import torch
+
+    from sgnb.engine.model_loader import CONFIGS_DIR
+
+    d = json.loads((CONFIGS_DIR / "mixtral-8x7b.json").read_text())
+    d["num_hidden_layers"] = layers = args.mixtral_layers
+    d["_comment"] = f"Mixtral-8x7B's shape, its first {layers} of 32 layers (bench_moe_fp8.py's mixtral part)"
+    path = Path(tempfile.mkdtemp()) / f"mixtral-8x7b-{layers}layers.json"
+    path.write_text(json.dumps(d))
+    out: dict = {"layers": layers, "engine": engine_decode(f"dummy:{path}", args, _moe_weights)}
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.gpt_fast_dir:
+        try:
+            out["gpt_fast"] = peers.gpt_fast_rows(args.gpt_fast_dir, [b for b in batches if b == 1], args.context,
+                                                  args.steps, "moe", layers)
+        except Exception as e:  # noqa: BLE001 - the peer failing keeps our rows
+            out["gpt_fast_error"] = f"{type(e).__name__}: {e}"[:400]
+        gc.collect()
+        torch.cuda.empty_cache()
+    if args.hf:
+        try:
+            from transformers import MixtralConfig, MixtralForCausalLM
+
+            cfg = MixtralConfig(**{k: v for k, v in d.items() if not k.startswith("_")})
+            out["hf"] = _hf_generate_rows(MixtralForCausalLM, cfg, "mixtral-8x7b", args)
+        except Exception as e:  # noqa: BLE001
+            out["hf_error"] = f"{type(e).__name__}: {e}"[:400]
+    for r in out["engine"]:
+        for key, peer in (("gpt_fast", "gpt_fast_over_sgnb"), ("hf", "hf_over_sgnb")):
+            ms = {h["batch"]: h["decode_step_ms"] for h in out.get(key, [])}.get(r["batch"])
+            if ms:
+                r[peer] = round(ms / r["decode_step_ms"], 2)
     return out
 
 
@@ -529,7 +583,8 @@ def smollm2_part(args: argparse.Namespace) -> dict:
     return out
 
 
-PARTS = {"gemv": gemv_part, "moe_gemv": moe_gemv_part, "kernels": kernel_rows, "moe": moe_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
+PARTS = {"gemv": gemv_part, "moe_gemv": moe_gemv_part, "kernels": kernel_rows, "moe": moe_part,
+         "mixtral": mixtral_part, "fp8": fp8_part, "quality": quality_part, "smollm2": smollm2_part}
 
 
 def main() -> int:
@@ -545,6 +600,10 @@ def main() -> int:
     ap.add_argument("--hf-steps", type=int, default=16)
     ap.add_argument("--moe-grouped-batches", default="", help="the moe part also runs these batches with the "
                     "grouped GEMM at every size (e.g. 1), for the GEMV kernels' effect end to end")
+    ap.add_argument("--mixtral-layers", type=int, default=8, help="the mixtral part: this many of Mixtral-8x7B's "
+                    "32 layers")
+    ap.add_argument("--gpt-fast-dir", default=None, help="gpt-fast's checkout (the mixtral part runs its "
+                    "mixtral-moe/model.py beside the engine)")
     ap.add_argument("--fp8-model", default="dummy:llama-2-7b")
     ap.add_argument("--quality-model", default="dummy:llama-2-7b-smolvocab")
     ap.add_argument("--real-model", default="smollm2")
