@@ -266,31 +266,20 @@ class Finishing:
         self._notify(req)
 
     def _notify(self: Scheduler, req: Req) -> None:
-        """Tell the request's caller at the end of this round (`_tell_callers`): every caller that a round moves on
-        is woken once, after the round's bookkeeping, not in the middle of it (a woken program thread competes
-        with this thread for the GIL: mmlu's finish loop on the GPU took 8x its own CPU time so)."""
-        if req.on_update is not None:
-            self._to_tell[id(req)] = req
-
-    def _tell_callers(self: Scheduler) -> None:
-        """Call the on_update callback of every request `_notify` named since the last call, once each. A caller
-        that has gone away (a closed event loop: a stopped notebook server thread; a broken queue) is detached and
-        its request aborted, here in the scheduler thread: a client's failure never reaches the engine or other
-        requests."""
-        while self._to_tell:
-            told, self._to_tell = self._to_tell, {}
-            for req in told.values():
-                callback = req.on_update
-                if callback is None:
-                    continue
-                try:
-                    callback(req)
-                except Exception as e:
-                    req.on_update = None
-                    log.warning("request %s: its caller's callback failed (%r); detached", req.rid, e)
-                    if not req.finished:
-                        self._finish(req, {"type": "abort", "message": "the caller went away: "
-                                           f"{type(e).__name__}: {e}"}, cache=False)
+        """Tell the request's caller (its on_update callback). A caller that has gone away (a closed event loop:
+        a stopped notebook server thread; a broken queue) is detached and its request aborted, here in the
+        scheduler thread: a client's failure never reaches the engine or other requests."""
+        callback = req.on_update
+        if callback is None:
+            return
+        try:
+            callback(req)
+        except Exception as e:
+            req.on_update = None
+            log.warning("request %s: its caller's callback failed (%r); detached", req.rid, e)
+            if not req.finished:
+                self._finish(req, {"type": "abort", "message": f"the caller went away: {type(e).__name__}: {e}"},
+                             cache=False)
 
     def _fail(self: Scheduler, req: Req, exc: BaseException) -> None:
         log.warning("request %s failed: %r", req.rid, exc)

@@ -131,7 +131,6 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.device_time: DeviceTime = DeviceTime(runner.device.type == "cuda" and config.tp_size == 1 and not config.tp_workers)
         self.generator: torch.Generator = torch.Generator(device=runner.device).manual_seed(config.random_seed)
         self._pending_flush: list[Future] = []
-        self._to_tell: dict[int, Req] = {}  # requests whose callers hear at the round's end (Finishing._notify)
         self._stop = False
         self._aborts: dict[int, Req] = {}  # id -> the request an abort names (not its rid: see abort)
         self.thread = threading.Thread(target=self._run, name="sgnb-scheduler", daemon=True)
@@ -214,7 +213,6 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                     self._resolve_pending()  # a step of aborted requests may still be pending
                     self._flush_now()
                 ran = self.step()
-                self._tell_callers()
                 self.counters.thread_cpu_seconds = time.thread_time()  # the scheduler thread's CPU time so far
                 if not ran and self.busy:
                     t0 = self._now()
@@ -234,10 +232,6 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                     except Exception:
                         pass  # that caller is gone too
         finally:
-            try:
-                self._tell_callers()  # (a crash's failures were told above; this is what a stop leaves)
-            except Exception:
-                log.exception("telling callers after the loop failed")
             for fut in self._pending_flush:
                 fut.set_result(False)
 
