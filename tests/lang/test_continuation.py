@@ -134,6 +134,9 @@ def test_a_state_that_cannot_continue_says_so_at_the_append(backend):
 def test_a_copy_ends_with_its_program(backend):
     """A `s.copy()` (or fork) never joined used to stay open forever: its view read "running"."""
     seen: list[dict] = []
+    # the branches, held: a state keeps its forks and copies weakly (`children`), so one that has finished and
+    # that nothing references may be collected before descendants() is read (a fresh-clone run saw 2 of 3)
+    kept: list = []
 
     @sgl.function
     def with_copy(s):
@@ -142,6 +145,7 @@ def test_a_copy_ends_with_its_program(backend):
         c += " copy" + sgl.gen("b", max_tokens=2)
         forks = s.fork(2)
         forks += sgl.gen("c", max_tokens=2)
+        kept.extend([c, *forks])
 
     state = with_copy.run(backend=backend, subscribers=[seen.append])
     state.sync()
