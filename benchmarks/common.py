@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -106,3 +107,25 @@ def use_tokenizer_dir(directory: str) -> None:
     from sgnb.engine.tokenizer import Tokenizer
 
     engine_module.load_tokenizer = lambda source, cache_dir=None, path=None: Tokenizer.from_dir(path or directory)
+
+
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a probe that runs one suite workload (gpu/profile_scheduler.py, gpu/gil_profile.py): the
+    workload, its scale, the model, a tokenizer directory for dummy models, engine arguments, program threads."""
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--scale", default="gpu", choices=("cpu", "gpu"))
+    ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--engine-args", default="{}")
+    ap.add_argument("--threads", type=int, default=64)
+
+
+def workload_and_runtime(args: argparse.Namespace) -> tuple:
+    """The workload `add_workload_args`' options name (workloads.build) and an in-process Runtime on their model."""
+    if args.tokenizer:
+        use_tokenizer_dir(args.tokenizer)
+    from workloads import build
+
+    import sgnb
+
+    return build(args.workload, args.scale), sgnb.Runtime(args.model, **json.loads(args.engine_args))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
-from common import use_tokenizer_dir  # noqa: E402
+from common import add_workload_args, workload_and_runtime  # noqa: E402
 
 
 def group_of(frames: list[str]) -> str:
@@ -69,12 +69,7 @@ def summarize(raw: Path, runs: int, rate: float, top: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--scale", default="gpu", choices=("cpu", "gpu"))
-    ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
-    ap.add_argument("--tokenizer")
-    ap.add_argument("--engine-args", default="{}")
-    ap.add_argument("--threads", type=int, default=64)
+    add_workload_args(ap)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rate", type=int, default=250, help="samples a second")
     ap.add_argument("--top", type=int, default=25)
@@ -83,14 +78,7 @@ def main() -> None:
     pyspy = os.environ.get("PYSPY") or shutil.which("py-spy")
     if not pyspy:
         sys.exit("py-spy not found: pip install py-spy (or set $PYSPY)")
-    if args.tokenizer:
-        use_tokenizer_dir(args.tokenizer)
-    from workloads import build
-
-    import sgnb
-
-    wl = build(args.workload, args.scale)
-    rt = sgnb.Runtime(args.model, **json.loads(args.engine_args))
+    wl, rt = workload_and_runtime(args)
     engine = rt.engine
     raw = Path(tempfile.mkdtemp()) / "gil.txt"
     try:

@@ -24,26 +24,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
-from common import use_tokenizer_dir  # noqa: E402
+from common import add_workload_args, workload_and_runtime  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--scale", default="gpu", choices=("cpu", "gpu"))
-    ap.add_argument("--model", default="dummy:llama-2-7b-smolvocab")
-    ap.add_argument("--tokenizer")
-    ap.add_argument("--engine-args", default="{}")
-    ap.add_argument("--threads", type=int, default=64)
+    add_workload_args(ap)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    if args.tokenizer:
-        use_tokenizer_dir(args.tokenizer)
-    from workloads import build
-
-    import sgnb
     from sgnb.engine import scheduler as sched
 
     prof = cProfile.Profile()
@@ -60,8 +50,7 @@ def main() -> None:
             prof.disable()
 
     sched.Scheduler.step = profiled_step
-    wl = build(args.workload, args.scale)
-    rt = sgnb.Runtime(args.model, **json.loads(args.engine_args))
+    wl, rt = workload_and_runtime(args)
     engine = rt.engine
     try:
         wl.program.run_batch(wl.args, backend=rt, temperature=0.0, num_threads=args.threads)  # untimed
