@@ -154,8 +154,10 @@ class Engine:
                              (getattr(self.runner, "extend_graphs", None), "extend")):
             if graphs is not None:  # part of the phase above, said apart
                 self.load_phases[f"{what}_graphs"] = graphs.capture_seconds
+        # a prompt holds at most this many tokens less one: the context, or the KV pool when it is smaller
+        self._prompt_limit = min(self.context_length, self.runner.kv_pool.size)
         self._media = RequestMedia(self.source, self.config.max_image_pixels, self.config.max_video_frames,
-                                   min(self.context_length, self.runner.kv_pool.size))
+                                   self._prompt_limit)
         self._profiler = Profiler(self.runner.device.type == "cuda")
         if self.config.chunked_prefill_size is None:  # the device's default (see EngineConfig)
             self.config = dataclasses.replace(
@@ -254,7 +256,7 @@ class Engine:
         sit in its characters."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
-        limit = min(self.context_length, self.runner.kv_pool.size)  # a prompt holds at most limit - 1 tokens
+        limit = self._prompt_limit
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -280,8 +282,7 @@ class Engine:
     def _check_fits(self, ids: list[int], from_text: bool) -> None:
         """ValueError unless the token ids (ints: the tokenizer's, or a caller's checked by `_tokens`) are in the
         model's vocabulary and fit the context; from_text: the tokenizer made them from a prompt's text."""
-        vocab = self.source.config.vocab_size
-        limit = min(self.context_length, self.runner.kv_pool.size)  # a prompt holds at most limit - 1 tokens
+        vocab, limit = self.source.config.vocab_size, self._prompt_limit
         if from_text and ids and max(ids) >= vocab:
             raise ValueError(
                 f"the tokenizer turned this prompt into ids up to {max(ids)}, outside the model's vocabulary "
