@@ -48,6 +48,7 @@ SYSTEMS: dict[str, dict] = {
     "sgnb-no-extend-graph": {"kind": "sgnb", "engine": {"cuda_graph_max_extend_tokens": 0}, "only_cuda": True,
                              "extra": True},
     "sgnb-gil-5ms": {"kind": "sgnb", "engine": {"gil_switch_interval": 0.005}, "only_cuda": True, "extra": True},
+    "sgnb-gc-700": {"kind": "sgnb", "engine": {"gc_threshold": 0}, "extra": True},  # Python's own collector threshold
     # exact fp32 weights: its `agree` is the quantized default's agreement with fp32 (issue 17's quality guard)
     "sgnb-fp32": {"kind": "sgnb", "engine": {"quantization": "none"}, "extra": True},
     "hf-transformers": {"kind": "peer"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import json
 import logging
@@ -53,6 +54,7 @@ from sgnb.engine.tokenizer import TextOffsets
 CUDA_PREFILL_CHUNK = 8192  # EngineConfig.chunked_prefill_size's default on CUDA
 # the GIL switch interval while a CUDA engine runs (see EngineConfig.gil_switch_interval)
 CUDA_SWITCH_INTERVAL = 0.0005
+GC_YOUNG_THRESHOLD = 50_000  # the collector's generation-0 threshold while an engine runs (EngineConfig.gc_threshold)
 log = logging.getLogger("sgnb.engine")
 OFF_LOOP_PROMPT_CHARS = 32_768  # async_generate tokenizes longer prompts in a worker thread
 
@@ -177,12 +179,7 @@ class Engine:
             raise
         # stop the thread (and any workers) at exit or when the engine is collected (a daemon thread dying
         # inside torch aborts)
-        switch = self.config.gil_switch_interval or (CUDA_SWITCH_INTERVAL if self.runner.device.type == "cuda" else None)
-        restore = None
-        if switch is not None and switch != sys.getswitchinterval():
-            restore = (sys.getswitchinterval(), switch)
-            sys.setswitchinterval(switch)
-        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner, restore)
+        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self.runner, self._interpreter_settings())
         self._closed = False
         self.warmup_seconds = 0.0
         if self.config.warmup or (self.config.warmup is None and self.runner.device.type == "cuda"):
@@ -200,6 +197,21 @@ class Engine:
             if importlib.util.find_spec("xgrammar") is not None:
                 threading.Thread(target=self._prebuild_grammar, name="sgnb-grammar-prebuild", daemon=True).start()
         self.load_seconds = time.perf_counter() - t0
+
+    def _interpreter_settings(self) -> _Restore:
+        """Set the process-wide settings the engine runs best under (the GIL switch interval, the collector's
+        young threshold: EngineConfig); returns what puts back the ones it changed."""
+        restore = _Restore()
+        switch = self.config.gil_switch_interval or (CUDA_SWITCH_INTERVAL if self.runner.device.type == "cuda" else None)
+        if switch is not None and switch != sys.getswitchinterval():
+            restore.switch = (sys.getswitchinterval(), switch)
+            sys.setswitchinterval(switch)
+        young = GC_YOUNG_THRESHOLD if self.config.gc_threshold is None else self.config.gc_threshold
+        was = gc.get_threshold()
+        if young > was[0]:
+            restore.gc = (was, (young, *was[1:]))
+            gc.set_threshold(*restore.gc[1])
+        return restore
 
     def _prebuild_grammar(self) -> None:
         try:
@@ -578,11 +590,23 @@ class Engine:
         self.shutdown()
 
 
-def _stop(scheduler: Scheduler, runner: Runner, restore: tuple[float, float] | None = None) -> None:
+@dataclasses.dataclass
+class _Restore:
+    """Process-wide settings an engine changed: (before, the engine's) of each, None where it left it."""
+    switch: tuple[float, float] | None = None
+    gc: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def _stop(scheduler: Scheduler, runner: Runner, restore: _Restore | None = None) -> None:
     scheduler.stop()
     runner.shutdown()
-    if restore is not None and sys.getswitchinterval() == restore[1]:  # unless someone changed it since
-        sys.setswitchinterval(restore[0])
+    if restore is None:
+        return
+    # each back as it was, unless someone changed it since
+    if restore.switch is not None and sys.getswitchinterval() == restore.switch[1]:
+        sys.setswitchinterval(restore.switch[0])
+    if restore.gc is not None and gc.get_threshold() == restore.gc[1]:
+        gc.set_threshold(*restore.gc[0])
 
 
 def _check_unicode(text: str, name: str) -> None:

@@ -745,6 +745,34 @@ def test_gil_switch_interval_is_set_while_the_engine_runs_and_restored():
         Engine("dummy:tiny", gil_switch_interval=0.0)
 
 
+def test_gc_threshold_is_raised_while_the_engine_runs_and_restored():
+    import gc
+
+    from sgnb.engine import Engine
+    from sgnb.engine.engine import GC_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        with Engine("dummy:tiny", quantization="none"):
+            assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+        assert gc.get_threshold() == (700, *before[1:])
+        with Engine("dummy:tiny", quantization="none", gc_threshold=0):  # 0: the interpreter's own
+            assert gc.get_threshold() == (700, *before[1:])
+        gc.set_threshold(10 * GC_YOUNG_THRESHOLD, *before[1:])  # a caller's larger one is not lowered
+        with Engine("dummy:tiny", quantization="none"):
+            assert gc.get_threshold()[0] == 10 * GC_YOUNG_THRESHOLD
+        gc.set_threshold(700, *before[1:])
+        with Engine("dummy:tiny", quantization="none"):
+            gc.set_threshold(1234, *before[1:])  # changed by someone else meanwhile: left as they set it
+        assert gc.get_threshold()[0] == 1234
+        for bad in (-1, 1.5, True):
+            with pytest.raises(ValueError, match="gc_threshold"):
+                Engine("dummy:tiny", gc_threshold=bad)
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_warm_up_fits_a_small_engine():
     """A small KV pool and a short context: the warm-up takes only what fits, and the engine starts."""
     from sgnb.engine import Engine
