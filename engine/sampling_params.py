@@ -18,7 +18,8 @@ _STRS = ("regex", "json_schema", "ebnf", "grammar_after")
 
 def is_strict_int(v: Any) -> bool:
     """An int and not a bool (True would pass isinstance(v, int)): what int-typed request fields accept."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    # a plain int first: the ABC check costs ~1 us, and every request checks a dozen values
+    return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class SamplingParams:
                 raise bad(name, "must be an int")
         for name in _FLOATS:
             v = getattr(self, name)
-            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v):
+            number = type(v) is float or (isinstance(v, numbers.Real) and not isinstance(v, bool))  # a float first
+            if not number or not math.isfinite(v):
                 raise bad(name, "must be a finite number")
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
@@ -115,7 +117,7 @@ class SamplingParams:
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
         """Validate a user dict. Unknown names raise TypeError naming them; bad values raise ValueError."""
         params = dict(params or {})
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _FIELD_NAMES
         unknown = sorted(set(params) - names)
         if unknown:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; valid names: {sorted(names)}")
@@ -142,6 +144,9 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def check_constraint_size(kind: str, source: object, limit: int) -> None:

@@ -137,7 +137,7 @@ class GenHandlers:
             if calls:
                 self._hide(start, calls)
             return self.text_[begin:], {**meta, "tool_calls": calls}
-        sp = dataclasses.asdict(params)
+        sp = params.values()
         # max_new_tokens bounds the whole reply: the call gets what the text left of it
         sp["max_new_tokens"] = params.max_new_tokens or DEFAULT_PARAMS.max_new_tokens
         thinking = self._thinks_first(name, ctx)
