@@ -378,14 +378,16 @@ def hf_moe_rows(args: argparse.Namespace) -> list[dict]:
     from sgnb.engine.model_loader import CONFIGS_DIR
 
     d = json.loads((CONFIGS_DIR / "qwen3-30b-a3b.json").read_text())
-    cfg = Qwen3MoeConfig(**{k: v for k, v in d.items() if not k.startswith("_")})
-    return _hf_generate_rows(Qwen3MoeForCausalLM, cfg, "qwen3-30b-a3b", args)
+    return _hf_generate_rows(Qwen3MoeForCausalLM, Qwen3MoeConfig, d, "qwen3-30b-a3b", args)
 
 
-def _hf_generate_rows(model_class, cfg, name: str, args: argparse.Namespace) -> list[dict]:
-    """HF transformers' decode ms/step of `model_class(cfg)` (random bf16 weights) at each batch: (time of
-    2 + hf_steps new tokens - time of 2) / hf_steps, greedy `generate`."""
+def _hf_generate_rows(model_class, config_class, config: dict, name: str, args: argparse.Namespace) -> list[dict]:
+    """HF transformers' decode ms/step of `model_class` on `config` (one of our configs/*.json: its "_" keys are
+    ours, not HF's; random bf16 weights) at each batch: (time of 2 + hf_steps new tokens - time of 2) / hf_steps,
+    greedy `generate`."""
     import torch
+
+    cfg = config_class(**{k: v for k, v in config.items() if not k.startswith("_")})
 
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # built in bf16: the MoE models in fp32 would not fit
@@ -471,8 +473,7 @@ def mixtral_part(args: argparse.Namespace) -> dict:
         try:
             from transformers import MixtralConfig, MixtralForCausalLM
 
-            cfg = MixtralConfig(**{k: v for k, v in d.items() if not k.startswith("_")})
-            out["hf"] = _hf_generate_rows(MixtralForCausalLM, cfg, "mixtral-8x7b", args)
+            out["hf"] = _hf_generate_rows(MixtralForCausalLM, MixtralConfig, d, "mixtral-8x7b", args)
         except Exception as e:  # noqa: BLE001
             out["hf_error"] = f"{type(e).__name__}: {e}"[:400]
     for r in out["engine"]:
