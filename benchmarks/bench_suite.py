@@ -488,7 +488,7 @@ def _rows(name: str, results: dict[str, dict], peak: float, params: int | None) 
                 "decode_steps", "engine_rounds", "forward_seconds", "decode_round_seconds", "peak_rss_mb",
                 "peak_gpu_mb", "eager_forward_seconds", "slowest_forwards", "triton_compiles",
                 "radix_host_seconds", "radix_host_share", "device_seconds", "device_busy_share",
-                "scheduler_cpu_seconds", "phase_seconds", "phase_cpu_seconds", "runs_programs_per_s")})
+                "scheduler_cpu_seconds", "process_cpu_seconds", "phase_seconds", "phase_cpu_seconds", "runs_programs_per_s")})
             row["optimal_cache_hit_rate"] = optimum
             if system.startswith("sgnb") and r.get("optimal_cache_hit_rate") is not None:
                 row["own_optimal_cache_hit_rate"] = r["optimal_cache_hit_rate"]
