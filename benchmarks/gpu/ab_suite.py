@@ -9,8 +9,8 @@ base on the same machine.
 
 Only engine/ differs between the two (the base package is the carried sgnb/, kernels/, kernel_ext/ and widgets/
 with the base's engine/ in it): a change outside engine/ needs its own base. Each run is `bench_suite.py --warm`;
-its JSON goes to OUT-DIR/ab_<i>_<which>.json and one line per (workload, system) to stdout: programs/s, wall,
-device busy share, prefill batches and the phases that a host-path change moves.
+its JSON goes to OUT-DIR/ab_<i>_<which>.json and one line per (workload, system) to stdout (suite_summary.py's,
+tagged base or new).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite_summary import line  # noqa: E402
 
 
 def base_package(base: Path, into: Path) -> Path:
@@ -36,16 +38,6 @@ def base_package(base: Path, into: Path) -> Path:
     for d in ("kernels", "kernel_ext", "widgets"):
         (into / "sgnb" / d).symlink_to(ROOT / d)
     return into
-
-
-def row(which: str, w: dict) -> str:
-    phases = w.get("phase_seconds") or {}
-    keep = ("admit", "forward", "logprobs", "cache", "advance", "sample")
-    return (f"{which:4} {w['system']:14} {w['name']:14} {w.get('programs_per_s') or 0:9.2f} prog/s  wall "
-            f"{w.get('wall_s')}  busy {w.get('device_busy_share')}  prefill_batches "
-            f"{(w.get('engine_rounds') or {}).get('prefill_batches')}  "
-            + " ".join(f"{k} {phases.get(k)}" for k in keep)
-            + f"  cpu {w.get('phase_cpu_seconds')}")
 
 
 def main() -> None:
@@ -87,7 +79,7 @@ def main() -> None:
             print(p.stdout[-1500:], p.stderr[-3000:], flush=True)
             continue
         for w in json.loads(out.read_text())["workloads"]:
-            print(row(which, w), flush=True)
+            print(line(w, which), flush=True)
 
 
 if __name__ == "__main__":

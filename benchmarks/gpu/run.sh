@@ -16,12 +16,6 @@
 # the calls before 2026-12-04 are in the git history, up to commit 6a0eb4b).
 set -u
 source benchmarks/gpu/setup.sh
-suite_rows='import json,sys
-for w in json.load(open(sys.argv[1]))["workloads"]:
-    print(w["name"], w["system"], w.get("status"), w.get("programs_per_s"), w.get("sgnb_speedup"),
-          w.get("cache_hit_rate"), w.get("optimal_cache_hit_rate"), w.get("wall_s"), "busy", w.get("device_busy_share"),
-          "sched_cpu", w.get("scheduler_cpu_seconds"), "proc_cpu", w.get("process_cpu_seconds"),
-          w.get("phase_seconds"), "cpu", w.get("phase_cpu_seconds"))'
 for spec in "$@"; do
   read -r -a words <<< "$spec"
   words=("${words[@]//\$OUT/$OUT}")  # a literal $OUT in a step names the call's output folder
@@ -30,7 +24,7 @@ for spec in "$@"; do
     suite)
       step "$name" "$limit" python3 -P benchmarks/bench_suite.py --scale gpu --model dummy:llama-2-7b-smolvocab \
         --tokenizer .gpu/smollm2 --workloads "${words[3]}" --systems "${words[4]}" "${words[@]:5}" --out "$OUT/$name.json"
-      [ -f "$OUT/$name.json" ] && python3 -c "$suite_rows" "$OUT/$name.json" ;;
+      [ -f "$OUT/$name.json" ] && python3 benchmarks/gpu/suite_summary.py "$OUT/$name.json" ;;
     script)
       step "$name" "$limit" python3 -P "${words[@]:3}"
       tail -n 20 "$OUT/$name.log" ;;
