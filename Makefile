@@ -86,11 +86,8 @@ lint: $(STAMP)
 
 # mypy over the whole package (pyproject's [tool.mypy]). mypy knows no package-dir, so build/typecheck/sgnb lays the
 # folders out as the installed package does, with links: sgnb/*'s files and the mapped engine, kernels, kernel_ext, widgets
-TYPECHECK_TREE := build/typecheck/sgnb
 typecheck: $(STAMP)
-	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)
-	for f in sgnb/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/; done
-	for d in engine kernels kernel_ext widgets; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/$$d; done
+	$(BIN)/python .ci/package_tree.py build/typecheck
 	$(BIN)/mypy
 
 BENCH_STAMP := $(VENV)/.sgnb-bench-installed

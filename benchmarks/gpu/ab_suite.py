@@ -7,8 +7,8 @@ base on the same machine.
         [--order base,new,new,base] [--model dummy:llama-2-7b-smolvocab] [--tokenizer .gpu/smollm2] [--scale gpu]
         [--timeout 160] --out-dir $OUT
 
-Only engine/ differs between the two (the base package is the carried sgnb/, kernels/, kernel_ext/ and widgets/
-with the base's engine/ in it): a change outside engine/ needs its own base. Each run is `bench_suite.py --warm`;
+Only engine/ differs between the two (the base package is the carried tree laid out as the package, with the
+base's engine/ in place of its own): a change outside engine/ needs its own base. Each run is `bench_suite.py --warm`;
 its JSON goes to OUT-DIR/ab_<i>_<which>.json and one line per (workload, system) to stdout (suite_summary.py's,
 tagged base or new).
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,15 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite_summary import line  # noqa: E402
 
+sys.path.insert(0, str(ROOT / ".ci"))
+from package_tree import lay_out  # noqa: E402
+
 
 def base_package(base: Path, into: Path) -> Path:
-    """The `sgnb` package with the base's engine/ (into/sgnb); the rest linked from the carried tree."""
-    shutil.rmtree(into, ignore_errors=True)
-    into.mkdir(parents=True)
-    shutil.copytree(ROOT / "sgnb", into / "sgnb")
-    shutil.copytree(base / "engine", into / "sgnb" / "engine")
-    for d in ("kernels", "kernel_ext", "widgets"):
-        (into / "sgnb" / d).symlink_to(ROOT / d)
+    """The `sgnb` package with the base's engine/ (into/sgnb, laid out by .ci/package_tree.py)."""
+    lay_out(into, {"engine": base / "engine"})
     return into
 
 

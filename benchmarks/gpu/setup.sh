@@ -12,8 +12,7 @@
 # of its suite children then timed out at 75 s. On a FRESH machine the carried cache did not spare the build
 # either (call 5: engine warm-up 83.5 s with the cache unpacked and touched): budget ~90 s for it, or run triton.
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/pkg:/tmp/site SGNB_TEST_TOKENIZER=$PWD/.gpu/smollm2
-rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r sgnb /tmp/pkg/sgnb
-for d in engine kernels kernel_ext widgets; do ln -s "$PWD/$d" "/tmp/pkg/sgnb/$d"; done
+python3 .ci/package_tree.py /tmp/pkg || exit 1
 # the commit measured (written here before the call: `git rev-parse --short HEAD > .gpu/commit`); the copy of the tree
 # on the device carries the session's first commit as HEAD and later ones as uncommitted changes
 [ -f .gpu/commit ] && export SGNB_COMMIT=$(cat .gpu/commit)
