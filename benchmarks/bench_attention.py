@@ -200,24 +200,36 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
         # Each length runs once untimed first with these very prompts (the prefill's chunks then have the shapes
         # the timed runs meet: 2026-12-02 a warm-up of shorter prompts left batch 64's first timed run paying
         # for new shapes, and the difference read 0.68x the floor), then twice; the faster of each is kept.
-        walls = []
+        # Beside the wall, the device's own time of each run (the engine's CUDA-event spans, device_time.py): its
+        # difference is the GPU time of the steps, free of the host's spread; a wall difference below it is a
+        # mismeasurement (2026-12-07 session 30: at batch 1 the wall difference read under the HBM floor)
+        walls, device = [], []
         for n in (8, 8 + args.steps):
-            best = float("inf")
+            best = best_device = float("inf")
             for rep in range(3):
                 eng.flush_cache()
+                torch.cuda.synchronize()
+                d0 = eng.get_stats()["device_seconds"]
                 t0 = time.perf_counter()
                 eng.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": n})
+                wall = time.perf_counter() - t0
+                torch.cuda.synchronize()
                 if rep:
-                    best = min(best, time.perf_counter() - t0)
+                    best = min(best, wall)
+                    best_device = min(best_device, eng.get_stats()["device_seconds"] - d0)
             walls.append(best)
+            device.append(best_device)
         ms = (walls[1] - walls[0]) / args.steps * 1e3
+        device_ms = (device[1] - device[0]) / args.steps * 1e3
         mean_kv = args.context + 8 + (args.steps - 1) / 2  # keys a timed step reads, on average
         kv = batch * mean_kv * 2 * cfg.num_hidden_layers * cfg.kv_size * 2
         floor = (weights + kv) / args.bandwidth * 1e3
         rows.append({"backend": eng.runner.attention_backend, "cuda_graph": mode, "batch": batch,
                      "context": args.context, "mean_kv_len": round(mean_kv, 1), "decode_step_ms": round(ms, 2),
                      "floor_ms": round(floor, 2),
-                     "x_floor": round(ms / floor, 2), "tokens_per_s": round(batch / ms * 1e3, 1)})
+                     "x_floor": round(ms / floor, 2), "tokens_per_s": round(batch / ms * 1e3, 1),
+                     "device_step_ms": round(device_ms, 2), "device_x_floor": round(device_ms / floor, 2),
+                     "wall_below_device": ms < 0.95 * device_ms})
         graphs = eng.runner.graphs
         if graphs is not None:  # the captured forward alone (GPU time); the rest of the step is the host's
             bs = min(s for s in graphs.sizes if s >= batch)
@@ -231,8 +243,8 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="torch,triton,flashinfer")
-    ap.add_argument("--bandwidth", type=float, default=4.27e12, help="measured device copy rate, bytes/s")
-    ap.add_argument("--matmul", type=float, default=799e12, help="measured bf16 matmul rate, FLOP/s")
+    ap.add_argument("--bandwidth", type=float, default=None, help="device copy rate, bytes/s (default: measured here, common.device_copy_rate)")
+    ap.add_argument("--matmul", type=float, default=None, help="bf16 matmul rate, FLOP/s (default: measured here)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--engine", action="store_true", help="also the engine's decode step (dummy 7B)")
@@ -247,8 +259,12 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from common import commit
+    from common import commit, device_copy_rate, matmul_peak_gflops
 
+    if args.bandwidth is None:
+        args.bandwidth = device_copy_rate()
+    if args.matmul is None:
+        args.matmul = matmul_peak_gflops(device="cuda") * 1e9
     backends = args.backends.split(",")
     rows = []
     contexts = (1024,) if args.quick else (1024, 4096)

@@ -59,6 +59,7 @@ def _int8(folder: str, model_mod, model):
 
 
 GPT_FAST_SYSTEMS = {"bf16": "gpt-fast", "int8": "gpt-fast-int8", "moe": "gpt-fast-moe"}  # its models -> row names
+PREFILL_CHUNK_MOE = 8  # tokens per prefill call of gpt-fast's Mixtral (8 x 2 experts' gathered weights: 1.8 GiB)
 MIXTRAL = "Mixtral-8x7B-v0.1"  # gpt-fast's mixtral-moe/model.py config name
 
 
@@ -101,7 +102,13 @@ def gpt_fast_rows(folder: str, batches: list[int], context: int, steps: int, qua
             model.setup_caches(max_batch_size=b, max_seq_length=context + steps + 16)
         with torch.inference_mode():
             x = torch.randint(0, 32000, (b, context), device="cuda", dtype=torch.int32)
-            model(x, torch.arange(context, device="cuda"))  # prefill (eager, as gpt-fast's default)
+            # prefill (eager, as gpt-fast's default). Its Mixtral gathers the routed experts' weights per token,
+            # (tokens, 2, 14336, 4096) bf16: 224 GiB for a 1,024-token prompt in one call (2026-12-07 session 30's
+            # OOM), so that model prefills in chunks of PREFILL_CHUNK_MOE tokens
+            chunk = PREFILL_CHUNK_MOE if quant == "moe" else context
+            for start in range(0, context, chunk):
+                end = min(context, start + chunk)
+                model(x[:, start:end], torch.arange(start, end, device="cuda"))
             cur = torch.zeros(b, 1, dtype=torch.int32, device="cuda")
             pos = torch.tensor([context], device="cuda")
             for _ in range(3):  # compile + graph capture for this shape

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import RESULTS, commit, device_name, matmul_peak_gflops, model_params  # noqa: E402
+from common import RESULTS, commit, device_copy_rate, device_name, matmul_peak_gflops, model_params  # noqa: E402
 
 PEER_STEPS = 32  # decode steps the peers time
 SUITE_SYSTEMS = ("sgnb,sgnb-no-radix,sgnb-fcfs,sgnb-no-hints,sgnb-no-jump-forward,sgnb-no-cuda-graph,sgnb-no-overlap,"
@@ -124,7 +124,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64,128")
     ap.add_argument("--steps", type=int, default=128, help="decode steps timed (the wall difference of 8 and 8 + "
                     "steps tokens; the prefill's run-to-run spread divides by it: at 32, +-1 ms at batch 64-128)")
-    ap.add_argument("--bandwidth", type=float, default=4.27e12, help="measured device copy rate, bytes/s")
+    ap.add_argument("--bandwidth", type=float, default=None, help="device copy rate, bytes/s (default: measured here, common.device_copy_rate)")
     ap.add_argument("--gpt-fast-dir", default=None)
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="HF generate's decode rows")
     ap.add_argument("--systems", default=SUITE_SYSTEMS)
@@ -138,6 +138,8 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA device")
+    if args.bandwidth is None:
+        args.bandwidth = device_copy_rate()
     out_path = Path(args.out) if args.out else RESULTS / f"{time.strftime('%Y-%m-%d')}-gpu.json"
     result: dict = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d"), "device": device_name(),
                     "commit": commit(), "model": args.model, "bandwidth_bytes_per_s": args.bandwidth}

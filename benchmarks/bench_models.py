@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import commit, device_name  # noqa: E402
+from common import commit, device_copy_rate, device_name  # noqa: E402
 
 
 def floor_ms(cfg, weight_bytes: int, batch: int, mean_kv: float, bandwidth: float, dtype_bytes: int = 2) -> float:
@@ -59,6 +59,7 @@ def engine_rows(model: str, args: argparse.Namespace) -> list[dict]:
                               - r["batch"] * cfg.hidden_size * embed.element_size())
             r["floor_ms"] = round(floor_ms(cfg, read, r["batch"], r["mean_kv_len"], args.bandwidth), 3)
             r["x_floor"] = round(r["decode_step_ms"] / r["floor_ms"], 2)
+            r["device_x_floor"] = round(r["device_step_ms"] / r["floor_ms"], 2)
             r.update(system="sgnb", model=model, engine_start_s=round(start_s, 1), weight_bytes_read=read)
         return rows
     finally:
@@ -122,7 +123,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=64, help="engine decode steps timed")
     ap.add_argument("--hf-steps", type=int, default=16, help="HF generate steps timed")
-    ap.add_argument("--bandwidth", type=float, default=4.27e12, help="measured device copy rate, bytes/s")
+    ap.add_argument("--bandwidth", type=float, default=None, help="device copy rate, bytes/s (default: measured here, common.device_copy_rate)")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -130,6 +131,8 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         sys.exit("bench_models.py needs a CUDA device")
+    if args.bandwidth is None:
+        args.bandwidth = device_copy_rate()
     result: dict = {"benchmark": "models", "date": time.strftime("%Y-%m-%d"), "device": device_name(),
                     "commit": commit(), "bandwidth_bytes_per_s": args.bandwidth, "rows": [], "errors": {}}
 
@@ -147,7 +150,8 @@ def main() -> int:
                 print(f"{model} {name}: {result['errors'][f'{model} {name}']}", flush=True)
             save()
     for r in result["rows"]:
-        print(json.dumps({k: r.get(k) for k in ("model", "system", "batch", "decode_step_ms", "floor_ms", "x_floor")}))
+        print(json.dumps({k: r.get(k) for k in ("model", "system", "batch", "decode_step_ms", "device_step_ms", "floor_ms",
+                                                    "x_floor")}))
     return 0
 
 

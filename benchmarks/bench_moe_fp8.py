@@ -47,9 +47,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import commit, device_name  # noqa: E402
+from common import commit, device_copy_rate, device_name  # noqa: E402
 
-BW = 4.27e12  # measured device-to-device copy rate of the H200, bytes/s (shared/recipes/gpu.md)
+BW = 4.27e12  # device copy rate, bytes/s: main() measures the card in use (common.device_copy_rate); the H200's
 
 
 def _graph_ms(fn, iters: int = 50, per_graph: int = 20) -> float:
@@ -336,6 +336,7 @@ def engine_decode(model: str, args: argparse.Namespace, floor_weights, **engine_
                      engine_init_s=round(init_s, 1), weights_read_gb=round(weights / 1e9, 3),
                      floor_ms=round((weights + kv) / BW * 1e3, 3))
             r["x_floor"] = round(r["decode_step_ms"] / r["floor_ms"], 2)
+            r["device_x_floor"] = round(r["device_step_ms"] / r["floor_ms"], 2)
             print(json.dumps(r), flush=True)
         return rows
     finally:
@@ -614,6 +615,8 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         sys.exit("bench_moe_fp8.py needs a CUDA device")
+    global BW
+    BW = device_copy_rate()
     result: dict = {"device": device_name(), "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "torch": torch.__version__, "bandwidth_bytes_per_s": BW, "args": vars(args), "errors": {}}
     for part in args.parts.split(","):

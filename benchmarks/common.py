@@ -91,6 +91,27 @@ def matmul_peak_gflops(dtype_name: str = "float32", n: int = 1024, k: int = 576,
     return 2 * n * k * m * reps / (time.perf_counter() - t0) / 1e9
 
 
+def device_copy_rate(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Bytes read + written per second by device-to-device copies of `nbytes` on the current CUDA device: the
+    bandwidth a decode floor divides by, measured on the card in use. (The H200 measures 4.27e12; until
+    2026-12-07 session 30 the scripts assumed that figure on every card, which understated an H100's floors.)"""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    rate = 2 * nbytes * reps / (time.perf_counter() - t0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return rate
+
+
 def write_result(kind: str, name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     date = _dt.date.today().isoformat()
