@@ -197,16 +197,18 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
         # wall time of steps more: (time(8 + steps tokens) - time(8 tokens)) / steps, both from a fresh cache,
         # so the prefill cancels. The scheduler's decode counters undercount with overlap scheduling (the
         # device keeps running while the host is between rounds): at batch 128 they read below the HBM floor.
-        # Each length runs once untimed first with these very prompts (the prefill's chunks then have the shapes
-        # the timed runs meet: 2026-12-02 a warm-up of shorter prompts left batch 64's first timed run paying
-        # for new shapes, and the difference read 0.68x the floor), then twice; the faster of each is kept.
-        # Beside the wall, the device's own time of each run (the engine's CUDA-event spans, device_time.py): its
-        # difference is the GPU time of the steps, free of the host's spread; a wall difference below it is a
-        # mismeasurement (2026-12-07 session 30: at batch 1 the wall difference read under the HBM floor)
-        walls, device = [], []
-        for n in (8, 8 + args.steps):
-            best = best_device = float("inf")
-            for rep in range(3):
+        # The two lengths alternate (8, 8 + S, 8, 8 + S, 8, 8 + S) with these very prompts; the first pair is
+        # untimed (the prefill's chunks then have the shapes the timed runs meet: 2026-12-02 a warm-up of shorter
+        # prompts left batch 64's first timed run paying for new shapes, and the difference read 0.68x the floor),
+        # the faster of the other two of each length is kept. Measured one length after the other, a process's
+        # first engine read batch 1 below the HBM floor (sessions 16 and 30; the suspect: a device still speeding
+        # up while the short runs ran). Beside the wall, the device's own time of each run (the engine's
+        # CUDA-event spans, device_time.py): its difference is the GPU time of the steps, free of the host's
+        # spread; a wall difference below it is a mismeasurement, flagged in the row.
+        lengths = (8, 8 + args.steps)
+        walls, device = [float("inf")] * 2, [float("inf")] * 2
+        for rep in range(3):
+            for i, n in enumerate(lengths):
                 eng.flush_cache()
                 torch.cuda.synchronize()
                 d0 = eng.get_stats()["device_seconds"]
@@ -215,10 +217,8 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
                 wall = time.perf_counter() - t0
                 torch.cuda.synchronize()
                 if rep:
-                    best = min(best, wall)
-                    best_device = min(best_device, eng.get_stats()["device_seconds"] - d0)
-            walls.append(best)
-            device.append(best_device)
+                    walls[i] = min(walls[i], wall)
+                    device[i] = min(device[i], eng.get_stats()["device_seconds"] - d0)
         ms = (walls[1] - walls[0]) / args.steps * 1e3
         device_ms = (device[1] - device[0]) / args.steps * 1e3
         mean_kv = args.context + 8 + (args.steps - 1) / 2  # keys a timed step reads, on average
