@@ -63,6 +63,11 @@ class EngineConfig:
     # runs the new one (engine/scheduler.py). None -> on CUDA (in-process runner), off on the CPU (nothing to
     # overlap: the CPU computes the step itself); False forces it on (tests), True off (ablation)
     disable_overlap_schedule: bool | None = None
+    # with overlap scheduling on: a prefill batch of newly admitted requests is launched before the previous
+    # prefill batch's results (prompt logprobs, first tokens) are read, and the host reads those and wakes their
+    # programs while the device computes the new batch (engine/prefill.py, PendingPrefill). Off until measured on
+    # a GPU (benchmarks: the suite system sgnb-overlap-prefill)
+    overlap_prefill: bool = False
     # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
     # program pays a first-use compile, then build the grammar compiler in the background; None -> on CUDA only
     # (CPU kernels need no compiling)

@@ -57,7 +57,7 @@ class DecodeRounds:
         self.counters.decode_steps += 1
         for r in reqs:
             r.kv_len += 1
-        if not (self.overlap and all(_overlap_ok(r) for r in reqs) and self._launch(reqs, hidden)):
+        if not (self.overlap and all(overlap_ok(r) for r in reqs) and self._launch(reqs, hidden)):
             self._sample_and_advance(reqs, hidden, None)
         self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
 
@@ -90,7 +90,7 @@ class DecodeRounds:
         ctx = self.runner.context_length
         # a request whose pending token ends it by length finishes when resolved: not in the next step
         nxt = [r for r in running if len(r.output_ids) + 1 < r.sampling.max_new_tokens]
-        if not nxt or any(not _overlap_ok(r) or r.kv_len + 2 >= ctx for r in nxt):
+        if not nxt or any(not overlap_ok(r) or r.kv_len + 2 >= ctx for r in nxt):
             return None
         short = len(nxt) - self.kv_pool.available
         if short > 0:
@@ -183,7 +183,7 @@ class PendingStep:
         self.index = {id(r): i for i, r in enumerate(reqs)}
 
 
-def _overlap_ok(req: Req) -> bool:
+def overlap_ok(req: Req) -> bool:
     """Whether a request's next token can be sampled before its previous one is on the host: nothing in its
     sampling reads its output so far (a grammar, penalties, a min_new_tokens ban still in force)."""
     sp = req.sampling

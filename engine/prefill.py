@@ -13,9 +13,11 @@ import numpy as np
 import torch
 
 from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
+from sgnb.engine.decode import overlap_ok
 from sgnb.engine.forward_batch import BatchSpec
 from sgnb.engine.media import PLACEHOLDER_ID, is_pad
 from sgnb.engine.request import Req, ReqStatus
+from sgnb.engine.sampler import DeviceSample, sample_on_device
 from sgnb.engine.schedule_policy import order_waiting
 
 if TYPE_CHECKING:
@@ -26,19 +28,23 @@ LOGITS_CHUNK = 256  # rows of (rows, vocab) logits materialized at once for inpu
 
 
 class PrefillRounds:
-    """Scheduler's prefill rounds: `_admit` picks the batch, `_run_prefill` computes it."""
+    """Scheduler's prefill rounds: `_admit` picks the batch, `_run_prefill` computes it (`_launch_prefill`, then
+    `_resolve_prefill` at once, or after the next batch's launch under overlap_prefill)."""
 
-    def _admit(self: Scheduler) -> list[PrefillItem]:
-        """Pick the next prefill batch, lock its prefixes and allocate its KV. Empty when nothing fits."""
-        if not self.waiting and not any(r.status is not ReqStatus.RUNNING for r in self.active):
+    _pending_prefill: PendingPrefill | None  # a launched batch whose results are still on the device (Scheduler sets it)
+
+    def _admit(self: Scheduler, new_only: bool = False) -> list[PrefillItem]:
+        """Pick the next prefill batch, lock its prefixes and allocate its KV. Empty when nothing fits.
+        new_only: waiting requests only (no continuation of an admitted one, no decode riders)."""
+        if not self.waiting and (new_only or not any(r.status is not ReqStatus.RUNNING for r in self.active)):
             return []
         running = self._with(ReqStatus.RUNNING)
         adder = PrefillAdder(self.config, self.kv, self.tree, sum(reserve(r, self.new_token_ratio) for r in running),
                              self.new_token_ratio)
-        for req in self._with(ReqStatus.EXTENDING):  # jump-forward continuations: they hold their KV already
-            if not adder.add_continuation(req, chunk=False):
+        for req in [] if new_only else self._with(ReqStatus.EXTENDING):  # jump-forward continuations: they
+            if not adder.add_continuation(req, chunk=False):  # hold their KV already
                 break
-        chunked = self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new requests
+        chunked = [] if new_only else self._with(ReqStatus.CHUNKED)  # a long prompt in progress goes before new ones
         stuck = bool(chunked) and not adder.add_continuation(chunked[0], chunk=True)
         compiling = False
         admitted: list[Req] = []
@@ -67,7 +73,7 @@ class PrefillRounds:
         for item in adder.items:  # what each request does after this round
             done = item.req.kv_len + item.extend == item.req.fill_len
             item.req.status = ReqStatus.RUNNING if done else ReqStatus.CHUNKED
-        if adder.items and running and not self.config.disable_mixed_batches:
+        if adder.items and running and not new_only and not self.config.disable_mixed_batches:
             adder.add_riders(running)
         if not adder.items and self.waiting and not self.active and not compiling:
             # nothing runs and nothing will free memory: the head request can never fit
@@ -107,10 +113,36 @@ class PrefillRounds:
             req.output_top_logprobs.extend([None] * len(ids))
 
     def _run_prefill(self: Scheduler, batch: list[PrefillItem]) -> None:
+        """Compute a prefill batch; its results are read at once, or left pending (see `_pipelines`)."""
+        pending = self._launch_prefill(batch)
+        if pending is None:
+            return
+        if self._pipelines(pending):
+            self._pending_prefill = pending
+        else:
+            self._resolve_prefill(pending)
+
+    def _pipelines(self: Scheduler, pending: PendingPrefill) -> bool:
+        """Whether a launched prefill batch may stay pending while the next one starts: overlap_prefill on, its
+        first tokens (if any) sampled on the device, and nothing else waiting for the host."""
+        return (self.overlap_prefill and pending.sampled is not None and self._pending is None
+                and not self._aborts and not self._pending_flush)
+
+    def _overlap_prefill_batch(self: Scheduler) -> list[PrefillItem]:
+        """The next prefill batch to launch while one is pending: newly arrived requests only (no chunk or
+        continuation of a request in flight, no decode riders); empty when there are none or they do not fit."""
+        if not self.waiting or self._aborts or self._pending_flush or self._pending is not None:
+            return []
+        return self._admit(new_only=True)
+
+    def _launch_prefill(self: Scheduler, batch: list[PrefillItem]) -> PendingPrefill | None:
+        """Build and launch a prefill batch: the forward, its prompt logprobs and its first tokens' sampling on
+        the device, and the host's bookkeeping that needs no result (KV lengths, the tree). The results are
+        read by `_resolve_prefill`."""
         t0 = self._now()
         batch, features = self._encode_media(batch)
         if not batch:
-            return
+            return None
         order, groups = self._groups([item.req for item in batch])
         batch = [batch[i] for i in order]  # requests sharing a cached prefix side by side
         reqs = [item.req for item in batch]
@@ -143,7 +175,7 @@ class PrefillRounds:
         self._phase("build", t0)
         hidden = self._forward(spec, reqs)
         if hidden is None:
-            return
+            return None
         t0 = self._now()
         self.counters.prefill_batches += 1
         self.counters.prefill_tokens += spec.num_tokens
@@ -156,17 +188,56 @@ class PrefillRounds:
                 spans.append((item.req, offset, item.extend, item.req.kv_len))
             offset += item.extend
         try:  # every request's prompt logprobs (a select's choices) in a few batched calls
-            batched = self._prompt_logprobs(spans, hidden)
+            batched = self._launch_prompt_logprobs(spans, hidden)
         except Exception:
-            batched = None  # each request works out its own below: a failure then fails that request alone
+            batched = None  # each request works out its own when resolved: a failure then fails that request alone
         t0 = self._phase("logprobs", t0)
-        to_sample: list[Req] = []
-        rows: list[int] = []
+        pending = PendingPrefill(hidden, batched)
         offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
         # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
         for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
             r = item.req
             start = r.kv_len
+            r.kv_len = start + item.extend  # its new slots are in its row: counted in
+            r.new_slots = None
+            done = r.kv_len == r.fill_len  # its prompt is all computed
+            ends = done and r.remaining_new_tokens() <= 0  # and it generates nothing (a select's choice)
+            pending.items.append((item, offset, start, done, ends))
+            if done and not ends:
+                pending.to_sample.append(r)
+                pending.rows.append(offset + item.extend - 1)
+        self._phase("cache", t0)
+        pending.mixed = any(item.rider for item in batch)
+        if self.overlap_prefill and pending.to_sample and all(overlap_ok(r) for r in pending.to_sample):
+            t0 = self._now()
+            try:
+                with self.device_time.span():
+                    pending.sampled = sample_on_device(self.runner.logits(hidden, pending.rows), pending.to_sample,
+                                                       self.eos_ids, self.generator)
+            except Exception:
+                pending.sampled = None  # sampled when resolved, request by request where one raises
+            self._phase("sample", t0)
+        elif not pending.to_sample:
+            pending.sampled = NOTHING_TO_SAMPLE
+        return pending
+
+    def _resolve_prefill(self: Scheduler, pending: PendingPrefill) -> None:
+        """Read a launched prefill batch's results: each request's prompt logprobs, the end of those that
+        generate nothing (a select's choices), the first token of the others. Requests that finished meanwhile
+        (aborted while the batch was pending) are skipped."""
+        t0 = self._now()
+        hidden = pending.hidden
+        batched = None
+        if pending.logprobs is not None:
+            try:
+                batched = pending.logprobs.result()
+            except Exception:
+                batched = None
+        t0 = self._phase("logprobs", t0)
+        for item, offset, start, done, ends in pending.items:  # lenders first, as launched
+            r = item.req
+            if r.finished:
+                continue
             try:
                 if not r.input_logprobs_done:
                     own = batched if batched is not None else self._prompt_logprobs([(r, offset, item.extend, start)],
@@ -174,10 +245,6 @@ class PrefillRounds:
                     tokens, tops = own[id(r)]
                     r.input_token_logprobs.extend(tokens)
                     r.input_top_logprobs.extend(tops)
-                r.kv_len = start + item.extend
-                r.new_slots = None
-                done = r.kv_len == r.fill_len  # its prompt is all computed
-                ends = done and r.remaining_new_tokens() <= 0  # and it generates nothing (a select's choice)
                 if r.borrowed:
                     self.kv.adopt(r)
                 if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
@@ -191,18 +258,16 @@ class PrefillRounds:
                     r.input_logprobs_done = True
                     if ends:
                         self._finish(r, {"type": "length", "length": r.sampling.max_new_tokens})
-                    else:
-                        to_sample.append(r)
-                        rows.append(offset + item.extend - 1)
             except Exception as e:
-                if r.new_slots is not None:  # its new slots are in its row: count them in before release
-                    r.kv_len = start + item.extend
-                    r.new_slots = None
                 self._fail(r, e)
         self._phase("cache", t0)
-        if to_sample:
+        to_sample = [r for r in pending.to_sample if not r.finished]
+        if isinstance(pending.sampled, DeviceSample):
+            self._advance(pending.to_sample, self._to_host(pending.sampled))  # skips the finished ones
+        elif to_sample:
+            rows = [row for r, row in zip(pending.to_sample, pending.rows) if not r.finished]
             self._sample_and_advance(to_sample, hidden, rows)
-        if any(item.rider for item in batch):
+        if pending.mixed:
             self.counters.mixed_batches += 1
             self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
 
@@ -237,10 +302,17 @@ class PrefillRounds:
 
     def _prompt_logprobs(self: Scheduler, spans: list[tuple[Req, int, int, int]], hidden: Any) -> dict[int, tuple[list, list]]:
         """The prompt logprobs (input_token_logprobs, input_top_logprobs entries) each span's request gets from
-        this chunk, by id(req): tokens [logprob_start_len, len) of its prompt, read from hidden rows offset ..
-        offset + extend (positions start ..). All spans' rows go through the LM head, log_softmax and top-k
-        together, LOGITS_CHUNK rows a call, and cross to the host once (one call a request cost a select's scoring
-        ~1 ms of host time per choice, and a device sync each)."""
+        this chunk, by id(req): `_launch_prompt_logprobs` and its result at once."""
+        launched = self._launch_prompt_logprobs(spans, hidden)
+        return {} if launched is None else launched.result()
+
+    def _launch_prompt_logprobs(self: Scheduler, spans: list[tuple[Req, int, int, int]], hidden: Any
+                                ) -> PromptLogprobs | None:
+        """Start computing the prompt logprobs each span's request gets from this chunk: tokens
+        [logprob_start_len, len) of its prompt, read from hidden rows offset .. offset + extend (positions
+        start ..). All spans' rows go through the LM head, log_softmax and top-k together, LOGITS_CHUNK rows a
+        call, and cross to the host once (one call a request cost a select's scoring ~1 ms of host time per
+        choice, and a device sync each). None when no span wants any."""
         owners: list[tuple[Req, bool, int]] = []  # (req, whether it gets the (None, first token) entry, rows)
         rows: list[int] = []
         targets: list[int] = []
@@ -252,7 +324,7 @@ class PrefillRounds:
             rows.extend(range(first - start + offset, last - start + offset))
             targets.extend(prompt[first + 1: last + 1])
         if not owners:
-            return {}
+            return None
         k_max = max(r.top_logprobs_num for r, _, _ in owners)
         # the row and target ids cross to the device once and every chunk's results come back in one copy (a copy
         # per chunk waited for the device each time). log_softmax, not logits less their logsumexp: one fused
@@ -274,11 +346,56 @@ class PrefillRounds:
                 if k_max:
                     tv, ti = lp.topk(k_max, dim=-1)
                     tops_parts.append(torch.cat([tv, ti.to(tv.dtype)], 1))  # ids < 2**24: exact in float32
-        target_lp: list[float] = torch.cat(picked).tolist() if picked else []
-        top_rows: list[list[float]] = torch.cat(tops_parts).tolist() if tops_parts else []
+        return PromptLogprobs(owners, targets, k_max, vocab, torch.cat(picked) if picked else None,
+                              torch.cat(tops_parts) if tops_parts else None)
+
+
+NOTHING_TO_SAMPLE = object()  # PendingPrefill.sampled of a batch whose requests all end at their prompt
+
+
+class PendingPrefill:
+    """A launched prefill batch whose results are still on the device: per request (in the order the host
+    processed it) its rows and what it does next; the prompt logprobs and the first tokens under way."""
+
+    def __init__(self, hidden: Any, logprobs: PromptLogprobs | None) -> None:
+        self.hidden = hidden
+        self.logprobs = logprobs
+        # (batch item, its rows' offset, the request's KV length before, its prompt all computed, it ends with it)
+        self.items: list[tuple[PrefillItem, int, int, bool, bool]] = []
+        self.to_sample: list[Req] = []  # the requests whose first token this batch gives, and their rows
+        self.rows: list[int] = []
+        self.sampled: Any = None  # DeviceSample (launched on the device), NOTHING_TO_SAMPLE, or None: when resolved
+        self.mixed = False
+
+
+class PromptLogprobs:
+    """A batch's prompt logprobs on their way to the host (pinned, non-blocking on CUDA: `result()` waits for
+    this copy only, not for what the device runs after it)."""
+
+    def __init__(self, owners: list[tuple[Req, bool, int]], targets: list[int], k_max: int, vocab: int,
+                 picked: torch.Tensor | None, tops: torch.Tensor | None) -> None:
+        self.owners, self.targets, self.k_max, self.vocab = owners, targets, k_max, vocab
+        parts = [t for t in (picked, tops) if t is not None]
+        cuda = bool(parts) and parts[0].is_cuda
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in parts]
+        for h, t in zip(self._host, parts):
+            h.copy_(t, non_blocking=cuda)
+        self._has = (picked is not None, tops is not None)
+        self._event = torch.cuda.Event() if cuda else None
+        if self._event is not None:
+            self._event.record()
+
+    def result(self) -> dict[int, tuple[list, list]]:
+        """(input_token_logprobs, input_top_logprobs) entries by id(req)."""
+        if self._event is not None:
+            self._event.synchronize()
+        parts = iter(self._host)
+        target_lp: list[float] = next(parts).tolist() if self._has[0] else []
+        top_rows: list[list[float]] = next(parts).tolist() if self._has[1] else []
+        targets, k_max, vocab = self.targets, self.k_max, self.vocab
         out: dict[int, tuple[list, list]] = {}
         at = 0
-        for r, head, n in owners:
+        for r, head, n in self.owners:
             tokens: list = [(None, r.origin_input_ids[0])] if head else []
             tops: list = [None] if head else []
             k = r.top_logprobs_num

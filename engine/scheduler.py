@@ -31,7 +31,7 @@ from sgnb.engine.forward_batch import BatchSpec
 from sgnb.engine.kv_manager import KVManager
 from sgnb.engine.media import EncoderCache
 from sgnb.engine.model_runner import Runner
-from sgnb.engine.prefill import PrefillRounds
+from sgnb.engine.prefill import PendingPrefill, PrefillRounds
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.tokenizer import Tokenizer
@@ -88,6 +88,7 @@ class Counters:
     # shape that falls off the CUDA graphs, shows here
     slowest: list = field(default_factory=list)
     overlapped_steps: int = 0  # decode steps launched before the previous step's tokens reached the host
+    overlapped_prefills: int = 0  # prefill batches launched before the previous batch's results reached the host
     mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
@@ -141,6 +142,11 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.overlap: bool = (runner.device.type == "cuda" and getattr(runner, "supports_overlap", False)
                         if overlap is None else not overlap)
         self._pending: PendingStep | None = None  # a decode step whose tokens are still on the device
+        # a prefill batch whose results are still on the device while the next one runs (config.overlap_prefill;
+        # the in-process runner only: the hidden states must outlive the next forward)
+        self.overlap_prefill: bool = (self.overlap and config.overlap_prefill
+                                      and getattr(runner, "supports_overlap", False))
+        self._pending_prefill: PendingPrefill | None = None
         self._rid_lock = threading.Lock()
 
     # ---- thread-safe entry points ----------------------------------------------------------------------
@@ -210,7 +216,8 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                     break
                 self._apply_aborts()
                 if self._pending_flush and not self.busy:
-                    self._resolve_pending()  # a step of aborted requests may still be pending
+                    self._resolve_pending()  # a step (or a prefill batch) of aborted requests may still be pending
+                    self._resolve_pending_prefill()
                     self._flush_now()
                 ran = self.step()
                 self.counters.thread_cpu_seconds = time.thread_time()  # the scheduler thread's CPU time so far
@@ -240,6 +247,22 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
 
     def step(self) -> bool:
         """One scheduling round. Returns whether a batch ran."""
+        if self._pending_prefill is not None:
+            t0 = self._now()
+            batch = self._overlap_prefill_batch()
+            self._phase("admit", t0)
+            pending, self._pending_prefill = self._pending_prefill, None
+            if batch:  # launched before the pending batch's results are read: the device runs it meanwhile
+                self.counters.overlapped_prefills += 1
+                launched = self._launch_prefill(batch)
+                self._resolve_prefill(pending)
+                if launched is not None:
+                    if self._pipelines(launched):
+                        self._pending_prefill = launched
+                    else:
+                        self._resolve_prefill(launched)
+                return True
+            self._resolve_prefill(pending)
         if self._pending is not None:
             nxt = self._overlap_batch()
             if nxt is not None:
@@ -258,6 +281,11 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
             self._run_decode()
             return True
         return False
+
+    def _resolve_pending_prefill(self) -> None:
+        pending, self._pending_prefill = self._pending_prefill, None
+        if pending is not None:
+            self._resolve_prefill(pending)
 
     def _now(self) -> float:
         """The start of a phase: time.perf_counter(), with the thread's CPU clock noted for `_phase`."""
@@ -350,6 +378,9 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
     def _apply_aborts(self) -> None:
         if not self._aborts:
             return
+        # a pending prefill batch is read first: its requests' KV lengths already count its tokens, while their
+        # tree work (a borrower adopting its lender's prompt, caching) waits for the results
+        self._resolve_pending_prefill()
         for req in self._live():
             if id(req) in self._aborts and not req.finished:
                 self._finish(req, {"type": "abort", "message": "aborted"})

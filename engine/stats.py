@@ -58,6 +58,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "slowest_forwards": [{"seconds": round(t, 4), "forward": d} for t, d in c.slowest],
         "overlap_schedule": s.overlap,
         "overlapped_steps": c.overlapped_steps,
+        "overlapped_prefills": c.overlapped_prefills,
         "mixed_batches": c.mixed_batches,
         "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
         "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
