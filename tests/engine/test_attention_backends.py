@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_checks import assert_pool_consistent
 
 from sgnb.engine.attention.base import flashinfer_available
 
@@ -467,3 +468,43 @@ def test_backend_choice_and_errors():
     if CUDA:
         want = "hybrid" if flashinfer_available() else "triton"
         assert resolve_backend_name("auto", torch.device("cuda")) == want
+
+
+@pytest.fixture(scope="module")
+def overlap_prefill_engine(model_dir):
+    """The default backend with overlap scheduling forced on and small prefill batches: on a GPU with its CUDA
+    graphs, its pinned copies and events (prompt logprobs, first tokens) — the path the CPU tests cannot take."""
+    from sgnb.engine import Engine
+
+    eng = Engine(str(model_dir), device="cuda" if CUDA else "cpu", dtype=DTYPE, max_total_tokens=4096,
+                 quantization="none", max_prefill_tokens=96, disable_overlap_schedule=False, overlap_prefill=True)
+    yield eng
+    eng.shutdown()
+
+
+def test_overlapped_prefill_matches_one_batch_at_a_time(overlap_prefill_engine):
+    """Prefill batches launched before the previous batch's results are read (overlap_prefill) give the first
+    tokens and prompt logprobs of reading each batch at once, on the same engine and batches."""
+    eng = overlap_prefill_engine
+    sched = eng.scheduler
+    prompts = [eng.tokenizer.encode(PREFIX[: 40 + 13 * i] + f" Item {i}:") for i in range(8)]
+    sp = [{"max_new_tokens": 1 + i % 3, "temperature": 0, "ignore_eos": True} for i in range(8)]
+    outs = {}
+    try:
+        for flag in (False, True):
+            sched.overlap_prefill = flag
+            eng.flush_cache()
+            before = eng.get_stats()["overlapped_prefills"]
+            outs[flag] = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True,
+                                      logprob_start_len=0, top_logprobs_num=2)
+            assert (eng.get_stats()["overlapped_prefills"] > before) is flag
+    finally:
+        sched.overlap_prefill = True
+    tol = 1e-3 if CUDA else 1e-5
+    for a, b in zip(outs[False], outs[True]):
+        assert a["output_ids"] == b["output_ids"]
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            la, lb = a["meta_info"][key], b["meta_info"][key]
+            assert [t[1] for t in la] == [t[1] for t in lb]
+            assert max((abs(x[0] - y[0]) for x, y in zip(la, lb) if x[0] is not None), default=0.0) < tol
+    assert_pool_consistent(eng)
