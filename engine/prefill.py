@@ -192,7 +192,10 @@ class PrefillRounds:
         except Exception:
             batched = None  # each request works out its own when resolved: a failure then fails that request alone
         t0 = self._phase("logprobs", t0)
-        pending = PendingPrefill(hidden, batched)
+        # under overlap_prefill the tree gets the batch's prompts now, so the next batch, admitted before this
+        # one's results are read, shares them (the device computes them first, in stream order); otherwise when
+        # the results are read, where a request that ends with its prompt gives the tree its tokens in release
+        pending = PendingPrefill(hidden, batched, tree_done=self.overlap_prefill)
         offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
         # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
         for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
@@ -202,6 +205,12 @@ class PrefillRounds:
             r.new_slots = None
             done = r.kv_len == r.fill_len  # its prompt is all computed
             ends = done and r.remaining_new_tokens() <= 0  # and it generates nothing (a select's choice)
+            if pending.tree_done:
+                try:
+                    self._prefill_tree_work(item, ends=False)
+                except Exception as e:
+                    self._fail(r, e)
+                    continue
             pending.items.append((item, offset, start, done, ends))
             if done and not ends:
                 pending.to_sample.append(r)
@@ -245,15 +254,8 @@ class PrefillRounds:
                     tokens, tops = own[id(r)]
                     r.input_token_logprobs.extend(tokens)
                     r.input_top_logprobs.extend(tops)
-                if r.borrowed:
-                    self.kv.adopt(r)
-                if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the
-                    # end (sharing it mid-request saves no one anything and cost a tree walk per request and
-                    # round); jump-forward still rolls back no further than this extend
-                    r.rollback_floor = r.kv_len
-                elif not item.rider and not ends:  # share what is computed (a chunk, or the whole prompt); one
-                    # that ends now gives the tree its tokens in release (one walk, no lock taken and dropped)
-                    self.kv.cache_unfinished(r)
+                if not pending.tree_done:
+                    self._prefill_tree_work(item, ends)
                 if done:
                     r.input_logprobs_done = True
                     if ends:
@@ -270,6 +272,20 @@ class PrefillRounds:
         if pending.mixed:
             self.counters.mixed_batches += 1
             self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
+
+    def _prefill_tree_work(self: Scheduler, item: PrefillItem, ends: bool) -> None:
+        """After a request's chunk is computed: adopt what it borrowed from a lender of its batch, and give the
+        tree what it computed (ends: it ends with this chunk and gives the tree its tokens in release instead)."""
+        r = item.req
+        if r.borrowed:
+            self.kv.adopt(r)
+        if item.forced:  # generated text and what the grammar forced after it: the tree gets it at the end
+            # (sharing it mid-request saves no one anything and cost a tree walk per request and round);
+            # jump-forward still rolls back no further than this extend
+            r.rollback_floor = r.kv_len
+        elif not item.rider and not ends:  # share what is computed (a chunk, or the whole prompt); one that ends
+            # now gives the tree its tokens in release (one walk, no lock taken and dropped)
+            self.kv.cache_unfinished(r)
 
     def _encode_media(self: Scheduler, batch: list[PrefillItem]) -> tuple[list[PrefillItem], dict[str, torch.Tensor]]:
         """The encoder features of every image / video part this batch computes, by content hash: from the
@@ -357,9 +373,10 @@ class PendingPrefill:
     """A launched prefill batch whose results are still on the device: per request (in the order the host
     processed it) its rows and what it does next; the prompt logprobs and the first tokens under way."""
 
-    def __init__(self, hidden: Any, logprobs: PromptLogprobs | None) -> None:
+    def __init__(self, hidden: Any, logprobs: PromptLogprobs | None, tree_done: bool) -> None:
         self.hidden = hidden
         self.logprobs = logprobs
+        self.tree_done = tree_done  # the tree work (adopt, cache) was done at launch
         # (batch item, its rows' offset, the request's KV length before, its prompt all computed, it ends with it)
         self.items: list[tuple[PrefillItem, int, int, bool, bool]] = []
         self.to_sample: list[Req] = []  # the requests whose first token this batch gives, and their rows
