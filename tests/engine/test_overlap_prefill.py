@@ -63,6 +63,25 @@ def test_first_tokens_and_prompt_logprobs_match_the_step_by_step_scheduler(engin
     assert_pool_consistent(on)
 
 
+def test_the_next_batch_shares_the_pending_batchs_prompts(engines):
+    """Each prompt's own tail fills a batch, so the prompts go one batch each, every batch launched while the
+    previous one is pending: each must still read the shared context from the tree, as when the scheduler
+    waits for every batch's results (cached_tokens equal), and give the same tokens."""
+    on, off = engines
+    tail = " ".join(f"clause {j} of a long and winding tail that only this prompt has;" for j in range(6))
+    prompts = [f"{CONTEXT} Case {i}: {tail} So the answer is" for i in range(5)]
+    on.flush_cache()
+    off.flush_cache()
+    before = _overlapped(on)
+    a = on.generate(prompts, {"max_new_tokens": 2, "temperature": 0})
+    b = off.generate(prompts, {"max_new_tokens": 2, "temperature": 0})
+    assert _overlapped(on) - before >= 2
+    assert [x["meta_info"]["cached_tokens"] for x in a] == [y["meta_info"]["cached_tokens"] for y in b]
+    assert min(x["meta_info"]["cached_tokens"] for x in a[1:]) > 30  # the context, from the tree
+    assert [x["output_ids"] for x in a] == [y["output_ids"] for y in b]
+    assert_pool_consistent(on)
+
+
 def test_select_scores_from_many_threads_match(engines):
     """Selects (requests that end with their prompt) arriving from threads while batches are pending."""
     on, off = engines
