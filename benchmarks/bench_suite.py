@@ -208,8 +208,12 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                   # (launches; the device runs behind), the model's whole time on the CPU
                   # graphed_forwards: replays of a CUDA graph (decode or extend); the rest ran eagerly, ~20 ms of
                   # host time each on the H200
-                  "engine_rounds": {k: d[k] for k in ("prefill_batches", "mixed_batches", "cascade_batches",
-                                                      "graphed_forwards", "eager_forwards")},
+                  "engine_rounds": {**{k: d[k] for k in ("prefill_batches", "mixed_batches", "cascade_batches",
+                                                         "graphed_forwards", "eager_forwards")},
+                                    # prefill batches launched while the previous one was pending (overlap_prefill;
+                                    # absent in engines before d6572b2)
+                                    "overlapped_prefills": after.get("overlapped_prefills", 0)
+                                    - before.get("overlapped_prefills", 0)},
                   "eager_forward_seconds": round(d["eager_forward_seconds"], 3),
                   # the workload's slowest: a compile inside it, or a shape off the CUDA graphs, shows here
                   "slowest_forwards": after["slowest_forwards"][:4],

@@ -378,8 +378,8 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
     def _apply_aborts(self) -> None:
         if not self._aborts:
             return
-        # a pending prefill batch is read first: its requests' KV lengths already count its tokens, while their
-        # tree work (a borrower adopting its lender's prompt, caching) waits for the results
+        # a pending prefill batch is read first: an abort then meets its requests with their results in (their
+        # prompt logprobs, first tokens), as without overlap_prefill
         self._resolve_pending_prefill()
         for req in self._live():
             if id(req) in self._aborts and not req.finished:
