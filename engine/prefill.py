@@ -128,10 +128,14 @@ class PrefillRounds:
         return (self.overlap_prefill and pending.sampled is not None and self._pending is None
                 and not self._aborts and not self._pending_flush)
 
-    def _overlap_prefill_batch(self: Scheduler) -> list[PrefillItem]:
-        """The next prefill batch to launch while one is pending: newly arrived requests only (no chunk or
-        continuation of a request in flight, no decode riders); empty when there are none or they do not fit."""
+    def _overlap_prefill_batch(self: Scheduler, pending: PendingPrefill) -> list[PrefillItem]:
+        """The next prefill batch to launch while `pending` is: newly arrived requests only. Empty when there are
+        none or they do not fit, and whenever an admitted request outside the pending batch waits for a round (a
+        decode step, its prompt's next chunk, a jump-forward continuation): the scheduler then reads the pending
+        batch and runs its usual round, so a stream of arrivals cannot starve them."""
         if not self.waiting or self._aborts or self._pending_flush or self._pending is not None:
+            return []
+        if any(id(r) not in pending.members for r in self.active):
             return []
         return self._admit(new_only=True)
 
@@ -212,6 +216,7 @@ class PrefillRounds:
                     self._fail(r, e)
                     continue
             pending.items.append((item, offset, start, done, ends))
+            pending.members.add(id(r))
             if done and not ends:
                 pending.to_sample.append(r)
                 pending.rows.append(offset + item.extend - 1)
@@ -379,6 +384,7 @@ class PendingPrefill:
         self.tree_done = tree_done  # the tree work (adopt, cache) was done at launch
         # (batch item, its rows' offset, the request's KV length before, its prompt all computed, it ends with it)
         self.items: list[tuple[PrefillItem, int, int, bool, bool]] = []
+        self.members: set[int] = set()  # id() of its requests
         self.to_sample: list[Req] = []  # the requests whose first token this batch gives, and their rows
         self.rows: list[int] = []
         self.sampled: Any = None  # DeviceSample (launched on the device), NOTHING_TO_SAMPLE, or None: when resolved

@@ -249,9 +249,9 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         """One scheduling round. Returns whether a batch ran."""
         if self._pending_prefill is not None:
             t0 = self._now()
-            batch = self._overlap_prefill_batch()
-            self._phase("admit", t0)
             pending, self._pending_prefill = self._pending_prefill, None
+            batch = self._overlap_prefill_batch(pending)
+            self._phase("admit", t0)
             if batch:  # launched before the pending batch's results are read: the device runs it meanwhile
                 self.counters.overlapped_prefills += 1
                 launched = self._launch_prefill(batch)
