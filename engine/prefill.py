@@ -124,9 +124,10 @@ class PrefillRounds:
 
     def _pipelines(self: Scheduler, pending: PendingPrefill) -> bool:
         """Whether a launched prefill batch may stay pending while the next one starts: overlap_prefill on, its
-        first tokens (if any) sampled on the device, and nothing else waiting for the host."""
-        return (self.overlap_prefill and pending.sampled is not None and self._pending is None
-                and not self._aborts and not self._pending_flush)
+        first tokens (if any) sampled on the device, nothing left that reads its hidden states when resolved (the
+        next forward may overwrite them: a CUDA graph's static output), and nothing else waiting for the host."""
+        return (self.overlap_prefill and pending.sampled is not None and not pending.reads_hidden
+                and self._pending is None and not self._aborts and not self._pending_flush)
 
     def _overlap_prefill_batch(self: Scheduler, pending: PendingPrefill) -> list[PrefillItem]:
         """The next prefill batch to launch while `pending` is: newly arrived requests only. Empty when there are
@@ -191,15 +192,18 @@ class PrefillRounds:
             if not item.req.input_logprobs_done:
                 spans.append((item.req, offset, item.extend, item.req.kv_len))
             offset += item.extend
+        failed = False
         try:  # every request's prompt logprobs (a select's choices) in a few batched calls
             batched = self._launch_prompt_logprobs(spans, hidden)
         except Exception:
             batched = None  # each request works out its own when resolved: a failure then fails that request alone
+            failed = True
         t0 = self._phase("logprobs", t0)
         # under overlap_prefill the tree gets the batch's prompts now, so the next batch, admitted before this
         # one's results are read, shares them (the device computes them first, in stream order); otherwise when
         # the results are read, where a request that ends with its prompt gives the tree its tokens in release
         pending = PendingPrefill(hidden, batched, tree_done=self.overlap_prefill)
+        pending.reads_hidden = failed  # resolving reads the hidden states again (they must not be overwritten)
         offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
         # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
         for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
@@ -230,6 +234,7 @@ class PrefillRounds:
                                                        self.eos_ids, self.generator)
             except Exception:
                 pending.sampled = None  # sampled when resolved, request by request where one raises
+                pending.reads_hidden = True
             self._phase("sample", t0)
         elif not pending.to_sample:
             pending.sampled = NOTHING_TO_SAMPLE
@@ -388,6 +393,7 @@ class PendingPrefill:
         self.to_sample: list[Req] = []  # the requests whose first token this batch gives, and their rows
         self.rows: list[int] = []
         self.sampled: Any = None  # DeviceSample (launched on the device), NOTHING_TO_SAMPLE, or None: when resolved
+        self.reads_hidden = False  # resolving it computes from the hidden states (a launch-time step raised)
         self.mixed = False
 
 
