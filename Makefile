@@ -85,7 +85,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # mypy over the whole package (pyproject's [tool.mypy]). mypy knows no package-dir, so build/typecheck/sgnb lays the
-# folders out as the installed package does, with links: sgnb/*'s files and the mapped engine, kernels, kernel_ext, widgets
+# folders out as the installed package does, with links (.ci/package_tree.py, from pyproject's package-dir)
 typecheck: $(STAMP)
 	$(BIN)/python .ci/package_tree.py build/typecheck
 	$(BIN)/mypy

@@ -59,7 +59,7 @@ def _int8(folder: str, model_mod, model):
 
 
 GPT_FAST_SYSTEMS = {"bf16": "gpt-fast", "int8": "gpt-fast-int8", "moe": "gpt-fast-moe"}  # its models -> row names
-PREFILL_CHUNK_MOE = 8  # tokens per prefill call of gpt-fast's Mixtral (8 x 2 experts' gathered weights: 1.8 GiB)
+PREFILL_CHUNK_MOE = 8  # tokens per prefill call of gpt-fast's Mixtral (8 x 2 experts: 1.9 GB per gathered weight)
 MIXTRAL = "Mixtral-8x7B-v0.1"  # gpt-fast's mixtral-moe/model.py config name
 
 
