@@ -207,14 +207,16 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
         # spread; a wall difference below it is a mismeasurement, flagged in the row.
         lengths = (8, 8 + args.steps)
         walls, device = [float("inf")] * 2, [float("inf")] * 2
+        short = 0  # runs where some request got fewer tokens than asked (the difference would then undercount)
         for rep in range(3):
             for i, n in enumerate(lengths):
                 eng.flush_cache()
                 torch.cuda.synchronize()
                 d0 = eng.get_stats()["device_seconds"]
                 t0 = time.perf_counter()
-                eng.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": n})
+                outs = eng.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": n})
                 wall = time.perf_counter() - t0
+                short += any(o["meta_info"]["completion_tokens"] != n for o in outs)
                 torch.cuda.synchronize()
                 if rep:
                     walls[i] = min(walls[i], wall)
@@ -229,7 +231,7 @@ def _engine_batches(eng, batches: list[int], mode: str, args: argparse.Namespace
                      "floor_ms": round(floor, 2),
                      "x_floor": round(ms / floor, 2), "tokens_per_s": round(batch / ms * 1e3, 1),
                      "device_step_ms": round(device_ms, 2), "device_x_floor": round(device_ms / floor, 2),
-                     "wall_below_device": ms < 0.95 * device_ms})
+                     "wall_below_device": ms < 0.95 * device_ms, "short_runs": short})
         graphs = eng.runner.graphs
         if graphs is not None:  # the captured forward alone (GPU time); the rest of the step is the host's
             bs = min(s for s in graphs.sizes if s >= batch)
