@@ -265,10 +265,14 @@ def test_tokenizer_add_bos(tok: Tokenizer) -> None:
 
 
 def test_encode_many_is_encode_of_each_text(tok: Tokenizer) -> None:
-    texts = ["A person takes the", "A person takes the dog.", "<|im_start|>hi", "", " caf\u00e9 \u6f22\u5b57"]
+    """encode / encode_many (tokenizers' encode_batch_fast: no offsets) give the ids of the offsets path
+    (encode_batch), text by text."""
+    texts = ["A person takes the", "A person takes the dog.", "<|im_start|>hi", "", " caf\u00e9 \u6f22\u5b57",
+             "  two  spaces\tand a tab\n\nnew lines 12345 " * 20, "\U0001f600 emoji and \u200b zero width"]
     with_bos = Tokenizer(tok.backend, bos_token="<|im_start|>", add_bos_token=True)
     for t in (tok, with_bos):
-        assert t.encode_many(texts) == [t.encode(x) for x in texts]
+        assert t.encode_many(texts) == [t.encode_with_offsets(x)[0] for x in texts]
+        assert [t.encode(x) for x in texts] == [t.encode_with_offsets(x)[0] for x in texts]
         assert t.encode_many(texts)[1][0] == (1 if t is with_bos else tok.encode("A")[0])
 
 
