@@ -30,6 +30,27 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
 
 
+class HostCopy:
+    """Device tensors' copy to the host, started at once: into pinned buffers without blocking on CUDA (plain
+    copies on the CPU). `lists()` waits for this copy only, not for whatever the device runs after it (the next
+    forward, under overlap scheduling), and gives each tensor's values as lists (None for a None given)."""
+
+    def __init__(self, *tensors: torch.Tensor | None) -> None:
+        cuda = any(t is not None and t.is_cuda for t in tensors)
+        self._host = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in tensors]
+        for h, t in zip(self._host, tensors):
+            if h is not None and t is not None:
+                h.copy_(t, non_blocking=cuda)
+        self._event = torch.cuda.Event() if cuda else None
+        if self._event is not None:
+            self._event.record()
+
+    def lists(self) -> list[Any]:
+        if self._event is not None:
+            self._event.synchronize()
+        return [None if h is None else h.tolist() for h in self._host]
+
+
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill: some requests add several tokens (over a cached prefix or none)
     DECODE = "decode"  # every request adds exactly one token

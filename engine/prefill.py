@@ -14,7 +14,7 @@ import torch
 
 from sgnb.engine.admission import Added, PrefillAdder, PrefillItem, reserve
 from sgnb.engine.decode import overlap_ok
-from sgnb.engine.forward_batch import BatchSpec
+from sgnb.engine.forward_batch import BatchSpec, HostCopy
 from sgnb.engine.media import PLACEHOLDER_ID, is_pad
 from sgnb.engine.request import Req, ReqStatus
 from sgnb.engine.sampler import DeviceSample, sample_on_device
@@ -404,23 +404,13 @@ class PromptLogprobs:
     def __init__(self, owners: list[tuple[Req, bool, int]], targets: list[int], k_max: int, vocab: int,
                  picked: torch.Tensor | None, tops: torch.Tensor | None) -> None:
         self.owners, self.targets, self.k_max, self.vocab = owners, targets, k_max, vocab
-        parts = [t for t in (picked, tops) if t is not None]
-        cuda = bool(parts) and parts[0].is_cuda
-        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in parts]
-        for h, t in zip(self._host, parts):
-            h.copy_(t, non_blocking=cuda)
-        self._has = (picked is not None, tops is not None)
-        self._event = torch.cuda.Event() if cuda else None
-        if self._event is not None:
-            self._event.record()
+        self._copy = HostCopy(picked, tops)
 
     def result(self) -> dict[int, tuple[list, list]]:
         """(input_token_logprobs, input_top_logprobs) entries by id(req)."""
-        if self._event is not None:
-            self._event.synchronize()
-        parts = iter(self._host)
-        target_lp: list[float] = next(parts).tolist() if self._has[0] else []
-        top_rows: list[list[float]] = next(parts).tolist() if self._has[1] else []
+        picked, top_part = self._copy.lists()
+        target_lp: list[float] = picked or []
+        top_rows: list[list[float]] = top_part or []
         targets, k_max, vocab = self.targets, self.k_max, self.vocab
         out: dict[int, tuple[list, list]] = {}
         at = 0

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from sgnb.engine.forward_batch import to_device
+from sgnb.engine.forward_batch import HostCopy, to_device
 from sgnb.engine.request import Req
 
 
@@ -75,25 +75,12 @@ class DeviceSample:
                  top_nums: list[int]) -> None:
         self.chosen = chosen  # (B,) int64 on the device: the next step's input ids
         self.top_nums = top_nums
-        cuda = chosen.is_cuda
-        parts = [chosen] + ([token_lp] if token_lp is not None else []) + (list(top) if top is not None else [])
-        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in parts]
-        for h, t in zip(self._host, parts):
-            h.copy_(t, non_blocking=cuda)
-        self._has_lp, self._has_top = token_lp is not None, top is not None
-        self._event = torch.cuda.Event() if cuda else None
-        if self._event is not None:
-            self._event.record()
+        self._copy = HostCopy(chosen, token_lp, *(top if top is not None else (None, None)))
 
     def to_host(self) -> SampleOutput:
-        if self._event is not None:
-            self._event.synchronize()
-        parts = iter(self._host)
-        ids = next(parts).tolist()
-        token_lp = next(parts).tolist() if self._has_lp else None
+        ids, token_lp, vals, idx = self._copy.lists()
         top: list[list[tuple[float, int]] | None] | None = None
-        if self._has_top:
-            vals, idx = next(parts).tolist(), next(parts).tolist()
+        if vals is not None:
             top = [list(zip(v[:k], t[:k])) for v, t, k in zip(vals, idx, self.top_nums)]
         return SampleOutput(ids, token_lp, top)
 
