@@ -113,21 +113,20 @@ class PrefillRounds:
             req.output_top_logprobs.extend([None] * len(ids))
 
     def _run_prefill(self: Scheduler, batch: list[PrefillItem]) -> None:
-        """Compute a prefill batch; its results are read at once, or left pending (see `_pipelines`)."""
-        pending = self._launch_prefill(batch)
+        """Compute a prefill batch; its results are read at once, or left pending (see `_hold_or_resolve`)."""
+        self._hold_or_resolve(self._launch_prefill(batch))
+
+    def _hold_or_resolve(self: Scheduler, pending: PendingPrefill | None) -> None:
+        """Leave a launched prefill batch pending while the next one starts, or read it now. Pending only with
+        overlap_prefill on, nothing left that reads its hidden states when resolved (the next forward may
+        overwrite them: a CUDA graph's static output), and nothing else waiting for the host."""
         if pending is None:
             return
-        if self._pipelines(pending):
+        if (self.overlap_prefill and not pending.reads_hidden and self._pending is None and not self._aborts
+                and not self._pending_flush):
             self._pending_prefill = pending
         else:
             self._resolve_prefill(pending)
-
-    def _pipelines(self: Scheduler, pending: PendingPrefill) -> bool:
-        """Whether a launched prefill batch may stay pending while the next one starts: overlap_prefill on, its
-        first tokens (if any) sampled on the device, nothing left that reads its hidden states when resolved (the
-        next forward may overwrite them: a CUDA graph's static output), and nothing else waiting for the host."""
-        return (self.overlap_prefill and pending.sampled is not None and not pending.reads_hidden
-                and self._pending is None and not self._aborts and not self._pending_flush)
 
     def _overlap_prefill_batch(self: Scheduler, pending: PendingPrefill) -> list[PrefillItem]:
         """The next prefill batch to launch while `pending` is: newly arrived requests only. Empty when there are
@@ -192,18 +191,15 @@ class PrefillRounds:
             if not item.req.input_logprobs_done:
                 spans.append((item.req, offset, item.extend, item.req.kv_len))
             offset += item.extend
-        failed = False
-        try:  # every request's prompt logprobs (a select's choices) in a few batched calls
-            batched = self._launch_prompt_logprobs(spans, hidden)
-        except Exception:
-            batched = None  # each request works out its own when resolved: a failure then fails that request alone
-            failed = True
-        t0 = self._phase("logprobs", t0)
         # under overlap_prefill the tree gets the batch's prompts now, so the next batch, admitted before this
         # one's results are read, shares them (the device computes them first, in stream order); otherwise when
         # the results are read, where a request that ends with its prompt gives the tree its tokens in release
-        pending = PendingPrefill(hidden, batched, tree_done=self.overlap_prefill)
-        pending.reads_hidden = failed  # resolving reads the hidden states again (they must not be overwritten)
+        pending = PendingPrefill(hidden, tree_done=self.overlap_prefill)
+        try:  # every request's prompt logprobs (a select's choices) in a few batched calls
+            pending.logprobs = self._launch_prompt_logprobs(spans, hidden)
+        except Exception:  # each request works out its own when resolved: a failure then fails that request alone
+            pending.logprobs_failed = True
+        t0 = self._phase("logprobs", t0)
         offsets = list(itertools.accumulate((item.extend for item in batch), initial=0))
         # lenders first: a borrower adopts what its lenders have put in the tree (see admission.PrefillAdder)
         for item, offset in sorted(zip(batch, offsets), key=lambda p: p[0].depth):
@@ -234,10 +230,7 @@ class PrefillRounds:
                                                        self.eos_ids, self.generator)
             except Exception:
                 pending.sampled = None  # sampled when resolved, request by request where one raises
-                pending.reads_hidden = True
             self._phase("sample", t0)
-        elif not pending.to_sample:
-            pending.sampled = NOTHING_TO_SAMPLE
         return pending
 
     def _resolve_prefill(self: Scheduler, pending: PendingPrefill) -> None:
@@ -273,12 +266,12 @@ class PrefillRounds:
             except Exception as e:
                 self._fail(r, e)
         self._phase("cache", t0)
-        to_sample = [r for r in pending.to_sample if not r.finished]
-        if isinstance(pending.sampled, DeviceSample):
+        if pending.sampled is not None:
             self._advance(pending.to_sample, self._to_host(pending.sampled))  # skips the finished ones
-        elif to_sample:
-            rows = [row for r, row in zip(pending.to_sample, pending.rows) if not r.finished]
-            self._sample_and_advance(to_sample, hidden, rows)
+        else:
+            live = [(r, row) for r, row in zip(pending.to_sample, pending.rows) if not r.finished]
+            if live:
+                self._sample_and_advance([r for r, _ in live], hidden, [row for _, row in live])
         if pending.mixed:
             self.counters.mixed_batches += 1
             self.new_token_ratio = max(self.new_token_ratio - 0.002, self.config.min_new_token_ratio)
@@ -376,25 +369,28 @@ class PrefillRounds:
                               torch.cat(tops_parts) if tops_parts else None)
 
 
-NOTHING_TO_SAMPLE = object()  # PendingPrefill.sampled of a batch whose requests all end at their prompt
-
-
 class PendingPrefill:
     """A launched prefill batch whose results are still on the device: per request (in the order the host
     processed it) its rows and what it does next; the prompt logprobs and the first tokens under way."""
 
-    def __init__(self, hidden: Any, logprobs: PromptLogprobs | None, tree_done: bool) -> None:
+    def __init__(self, hidden: Any, tree_done: bool) -> None:
         self.hidden = hidden
-        self.logprobs = logprobs
+        self.logprobs: PromptLogprobs | None = None  # None: no request wanted any, or their launch raised
+        self.logprobs_failed = False  # it raised: each request works its own out from the hidden states
         self.tree_done = tree_done  # the tree work (adopt, cache) was done at launch
         # (batch item, its rows' offset, the request's KV length before, its prompt all computed, it ends with it)
         self.items: list[tuple[PrefillItem, int, int, bool, bool]] = []
         self.members: set[int] = set()  # id() of its requests
         self.to_sample: list[Req] = []  # the requests whose first token this batch gives, and their rows
         self.rows: list[int] = []
-        self.sampled: Any = None  # DeviceSample (launched on the device), NOTHING_TO_SAMPLE, or None: when resolved
-        self.reads_hidden = False  # resolving it computes from the hidden states (a launch-time step raised)
+        self.sampled: DeviceSample | None = None  # the first tokens, sampled on the device at launch
         self.mixed = False
+
+    @property
+    def reads_hidden(self) -> bool:
+        """Resolving it computes from the hidden states: prompt logprobs whose launch raised, or first tokens
+        not sampled at launch (a grammar, penalties, overlap_prefill off, or sampling raised)."""
+        return self.logprobs_failed or (bool(self.to_sample) and self.sampled is None)
 
 
 class PromptLogprobs:

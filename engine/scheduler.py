@@ -256,11 +256,7 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
                 self.counters.overlapped_prefills += 1
                 launched = self._launch_prefill(batch)
                 self._resolve_prefill(pending)
-                if launched is not None:
-                    if self._pipelines(launched):
-                        self._pending_prefill = launched
-                    else:
-                        self._resolve_prefill(launched)
+                self._hold_or_resolve(launched)
                 return True
             self._resolve_prefill(pending)
         if self._pending is not None:
