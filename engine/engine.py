@@ -26,7 +26,6 @@ import logging
 import sys
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ from sgnb.engine.model_runner import Runner, make_runner
 from sgnb.engine.profiling import Profiler
 from sgnb.engine.radix_cache import RadixCache
 from sgnb.engine.request import Req
-from sgnb.engine.request_input import GenerateInput, sample_rids, sample_seed
+from sgnb.engine.request_input import GenerateInput, new_rid, sample_rids, sample_seed
 from sgnb.engine.request_media import RequestMedia, check_media_tokens
 from sgnb.engine.sampling_params import SamplingParams, check_constraint_size, is_strict_int
 from sgnb.engine.scheduler import Scheduler
@@ -386,7 +385,7 @@ class Engine:
             if outside:
                 raise ValueError(f"sampling_params.stop_token_ids holds ids outside the vocabulary [0, {vocab}): "
                                  f"{outside[:5]}")
-            base = item.rid or uuid.uuid4().hex[:12]
+            base = item.rid or new_rid()
             for j, name in enumerate(sample_rids(base, sp.n)):
                 req = Req(name, ids, sp if sp.n == 1 else dataclasses.replace(sp, n=1),
                           return_logprob=bool(item.return_logprob),

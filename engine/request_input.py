@@ -10,8 +10,20 @@ Torch-free: the server imports it.
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from dataclasses import dataclass
 from typing import Any, overload
+
+# a request id unique in this process and across processes: a random prefix drawn once, then a counter (uuid4 per
+# request read os.urandom each time: ~2.4 us, ~1,500 times a hellaswag run of the GPU suite, all holding the GIL)
+_RID_PREFIX = uuid.uuid4().hex[:8]
+_rid_counter = itertools.count()
+
+
+def new_rid() -> str:
+    """A fresh request id (thread-safe: `next` on an itertools.count is atomic under the GIL)."""
+    return f"{_RID_PREFIX}{next(_rid_counter):x}"
 
 
 @dataclass

@@ -9,12 +9,12 @@ to `ScorePlan.result`, which applies the method.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sgnb.engine.request import Req
+from sgnb.engine.request_input import new_rid
 from sgnb.engine.sampling_params import SamplingParams
 from sgnb.engine.scoring import check_choices, choice_rows, decide, heals, start_len, unexpanded_index
 
@@ -108,6 +108,6 @@ _SCORING = SamplingParams.from_dict({"max_new_tokens": 0})  # frozen: every scor
 
 def _prompt_logprobs(ids: list[int], placements: list[Any], start: int) -> Req:
     """A request that only computes its prompt's logprobs from token `start` on."""
-    req = Req(uuid.uuid4().hex[:12], ids, _SCORING, return_logprob=True, logprob_start_len=start)
+    req = Req(new_rid(), ids, _SCORING, return_logprob=True, logprob_start_len=start)
     req.mm = placements
     return req

@@ -23,12 +23,12 @@ import json
 import math
 import random
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from sgnb import ir
 from sgnb.backends.base import BackendError, ChoiceDecision, GenContext, RequestAborted
 from sgnb.engine.meta_info import MetaInfo, meta_subset
+from sgnb.engine.request_input import new_rid
 from sgnb.program_events import GenBeginEvent, GenEndEvent, SelectEvent
 from sgnb.reasoning import ReasoningFormat, reasoning_format
 from sgnb.sampling import DEFAULT_PARAMS, GenParams
@@ -52,7 +52,7 @@ class GenHandlers:
     current_rid: str | None  # StreamExecutor's field (set up in its __init__): the request in flight
 
     def _context(self: StreamExecutor) -> GenContext:
-        self.current_rid = f"{self.id}-{uuid.uuid4().hex[:8]}"
+        self.current_rid = f"{self.id}-{new_rid()}"
         messages = list(self.messages_)
         if self.cur_role is not None:  # an open role: its content so far is the last message
             messages.append(self._role_message())
