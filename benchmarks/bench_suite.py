@@ -49,9 +49,10 @@ SYSTEMS: dict[str, dict] = {
                              "extra": True},
     "sgnb-gil-5ms": {"kind": "sgnb", "engine": {"gil_switch_interval": 0.005}, "only_cuda": True, "extra": True},
     "sgnb-gc-700": {"kind": "sgnb", "engine": {"gc_threshold": 0}, "extra": True},  # Python's own collector threshold
-    # a prefill batch launched before the previous one's results are read (EngineConfig.overlap_prefill; off by
-    # default until this row shows it pays on a GPU)
-    "sgnb-overlap-prefill": {"kind": "sgnb", "engine": {"overlap_prefill": True}, "only_cuda": True, "extra": True},
+    # ablation: each prefill batch read before the next is launched (EngineConfig.overlap_prefill, on by default
+    # on CUDA)
+    "sgnb-no-overlap-prefill": {"kind": "sgnb", "engine": {"overlap_prefill": False}, "only_cuda": True,
+                                "extra": True},
     # exact fp32 weights: its `agree` is the quantized default's agreement with fp32 (issue 17's quality guard)
     "sgnb-fp32": {"kind": "sgnb", "engine": {"quantization": "none"}, "extra": True},
     "hf-transformers": {"kind": "peer"},

@@ -65,9 +65,11 @@ class EngineConfig:
     disable_overlap_schedule: bool | None = None
     # with overlap scheduling on: a prefill batch of newly admitted requests is launched before the previous
     # prefill batch's results (prompt logprobs, first tokens) are read, and the host reads those and wakes their
-    # programs while the device computes the new batch (engine/prefill.py, PendingPrefill). Off until measured on
-    # a GPU (benchmarks: the suite system sgnb-overlap-prefill)
-    overlap_prefill: bool = False
+    # programs while the device computes the new batch (engine/prefill.py, PendingPrefill). None -> on CUDA with
+    # overlap scheduling (an H100, 2026-12-08: hellaswag +37%, mmlu_select +29%, mmlu +10%; NOTES.md session 31),
+    # off on the CPU; True forces it on wherever overlap scheduling is on (tests), False off (ablation: the suite
+    # system sgnb-no-overlap-prefill)
+    overlap_prefill: bool | None = None
     # run a few tiny requests at start that take every kernel variant a program can (engine/warmup.py), so no
     # program pays a first-use compile, then build the grammar compiler in the background; None -> on CUDA only
     # (CPU kernels need no compiling)

@@ -144,8 +144,9 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self._pending: PendingStep | None = None  # a decode step whose tokens are still on the device
         # a prefill batch whose results are still on the device while the next one runs (config.overlap_prefill;
         # the in-process runner only: the hidden states must outlive the next forward)
-        self.overlap_prefill: bool = (self.overlap and config.overlap_prefill
-                                      and getattr(runner, "supports_overlap", False))
+        flag = config.overlap_prefill
+        self.overlap_prefill: bool = (self.overlap and getattr(runner, "supports_overlap", False)
+                                      and (runner.device.type == "cuda" if flag is None else flag))
         self._pending_prefill: PendingPrefill | None = None
         self._rid_lock = threading.Lock()
 

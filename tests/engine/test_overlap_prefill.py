@@ -29,6 +29,23 @@ def engines():
     off.shutdown()
 
 
+def test_the_default_overlaps_prefill_only_on_cuda(engines):
+    """overlap_prefill=None (the default) follows the device: on the CPU an engine with overlap scheduling forced
+    on still reads each prefill batch before the next (the flag's True forces it, as the fixture's engine)."""
+    from sgnb.engine import Engine
+
+    on, off = engines
+    assert on.scheduler.overlap_prefill is True
+    assert off.scheduler.overlap_prefill is False  # overlap scheduling off: nothing to overlap with
+    default = Engine("smollm2", disable_overlap_schedule=False, quantization="none")
+    try:
+        assert default.config.overlap_prefill is None
+        assert default.scheduler.overlap is True
+        assert default.scheduler.overlap_prefill is False  # a CPU runner: None means off
+    finally:
+        default.shutdown()
+
+
 def _overlapped(engine) -> int:
     return engine.get_stats()["overlapped_prefills"]
 
