@@ -5,7 +5,7 @@ base on the same machine.
     git archive BASE engine | tar -x -C .gpu/base            # before the call: the base's engine/ (carried in .gpu)
     python3 benchmarks/gpu/ab_suite.py --base .gpu/base --workloads hellaswag,mmlu [--new-systems sgnb,sgnb-gc-700]
         [--order base,new,new,base] [--model dummy:llama-2-7b-smolvocab] [--tokenizer .gpu/smollm2] [--scale gpu]
-        [--timeout 160] --out-dir $OUT
+        [--timeout 160] [--engine-args JSON] --out-dir $OUT
 
 Only engine/ differs between the two (the base package is the carried tree laid out as the package, with the
 base's engine/ in place of its own): a change outside engine/ needs its own base. Each run is `bench_suite.py --warm`;
@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=".gpu/smollm2")
     ap.add_argument("--scale", default="gpu")
     ap.add_argument("--timeout", type=float, default=160, help="seconds a run may take")
+    ap.add_argument("--engine-args", default=None, help="JSON engine options for both engines' sgnb systems")
     ap.add_argument("--out-dir", required=True, type=Path)
     args = ap.parse_args()
 
@@ -65,18 +66,21 @@ def main() -> None:
                "--systems", "sgnb" if which == "base" else args.new_systems]
         if args.tokenizer:
             cmd += ["--tokenizer", args.tokenizer]
+        if args.engine_args:
+            cmd += ["--engine-args", args.engine_args]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True, cwd=ROOT)
         except subprocess.TimeoutExpired:
+            # the suite writes its JSON after each workload: what finished before the limit is still reported
             print(f"== {i} {which}: past {args.timeout:.0f} s", flush=True)
-            continue
-        print(f"== {i} {which} rc={p.returncode} {time.perf_counter() - t0:.0f} s", flush=True)
-        if p.returncode or not out.exists():
-            print(p.stdout[-1500:], p.stderr[-3000:], flush=True)
-            continue
-        for w in json.loads(out.read_text())["workloads"]:
-            print(line(w, which), flush=True)
+        else:
+            print(f"== {i} {which} rc={p.returncode} {time.perf_counter() - t0:.0f} s", flush=True)
+            if p.returncode:
+                print(p.stdout[-1500:], p.stderr[-3000:], flush=True)
+        if out.exists():
+            for w in json.loads(out.read_text())["workloads"]:
+                print(line(w, which), flush=True)
 
 
 if __name__ == "__main__":
