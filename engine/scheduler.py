@@ -148,8 +148,6 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.overlap_prefill: bool = (self.overlap and getattr(runner, "supports_overlap", False)
                                       and (runner.device.type == "cuda" if flag is None else flag))
         self._pending_prefill: PendingPrefill | None = None
-        # requests whose callers are told at the end of the batch being processed (Finishing._callers_told_after)
-        self._told_after = None
         self._rid_lock = threading.Lock()
 
     # ---- thread-safe entry points ----------------------------------------------------------------------

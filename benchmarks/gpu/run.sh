@@ -29,7 +29,7 @@ for spec in "$@"; do
       step "$name" "$limit" python3 -P "${words[@]:3}"
       tail -n 20 "$OUT/$name.log" ;;
     tests)
-      step "$name" "$limit" python3 -P -m pytest -q --maxfail=15 "${words[@]:3}"
+      step "$name" "$limit" python3 -P -m pytest --maxfail=15 "${words[@]:3}"
       tail -n 15 "$OUT/$name.log" ;;
     *) echo "unknown step kind $kind (suite, script, tests)"; exit 2 ;;
   esac
