@@ -70,10 +70,17 @@ def _shut_down_kernels(page, url: str) -> None:
 
 
 def _wait_saved(path, since: float, timeout: float = 30.0) -> dict:
+    """The notebook as the server saved it after `since`. The file's mtime moves when the server opens it for
+    writing: until the write ends it may read empty or cut short (a fresh-clone run read '' once), so an
+    unreadable file is read again, not taken for the saved one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.stat().st_mtime > since:
-            nb = json.loads(path.read_text())
+            try:
+                nb = json.loads(path.read_text())
+            except json.JSONDecodeError:  # caught mid-write
+                time.sleep(0.25)
+                continue
             if any("final" in "".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])):
                 return nb
         time.sleep(0.25)
