@@ -53,6 +53,8 @@ SYSTEMS: dict[str, dict] = {
     # on CUDA)
     "sgnb-no-overlap-prefill": {"kind": "sgnb", "engine": {"overlap_prefill": False}, "only_cuda": True,
                                 "extra": True},
+    # callers told once a batch is read, then a bounded wait for their next requests (EngineConfig.follow_up_wait_s)
+    "sgnb-follow-up-wait": {"kind": "sgnb", "engine": {"follow_up_wait_s": 0.02}, "extra": True},
     # exact fp32 weights: its `agree` is the quantized default's agreement with fp32 (issue 17's quality guard)
     "sgnb-fp32": {"kind": "sgnb", "engine": {"quantization": "none"}, "extra": True},
     "hf-transformers": {"kind": "peer"},
@@ -214,7 +216,10 @@ def run_child(workload: str, system: str, scale: str, model: str, limit: int | N
                                     # prefill batches launched while the previous one was pending (overlap_prefill;
                                     # absent in engines before d6572b2)
                                     "overlapped_prefills": after.get("overlapped_prefills", 0)
-                                    - before.get("overlapped_prefills", 0)},
+                                    - before.get("overlapped_prefills", 0),
+                                    # waits for told callers' next requests (follow_up_wait_s; from 2026-12-08)
+                                    "follow_up_waits": after.get("follow_up_waits", 0)
+                                    - before.get("follow_up_waits", 0)},
                   "eager_forward_seconds": round(d["eager_forward_seconds"], 3),
                   # the workload's slowest: a compile inside it, or a shape off the CUDA graphs, shows here
                   "slowest_forwards": after["slowest_forwards"][:4],

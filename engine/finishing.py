@@ -5,9 +5,10 @@ ending a request: its KV to the tree, its caller told, failures kept to the requ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -28,6 +29,9 @@ DETOK_CONTEXT = 6  # tokens of already-emitted text that incremental detokenizat
 class Finishing:
     """Scheduler's sampling and finishing: `_sample_and_advance` for a batch, `_finish` / `_fail` for a request."""
 
+    _told_after: dict[int, Req] | None  # (set up by Scheduler) requests whose callers the batch tells at its end
+    _follow_ups: int
+
     def _sample_and_advance(self: Scheduler, reqs: list[Req], hidden: Any, rows: list[int] | None) -> None:
         """Sample the next token of each request from `rows` of the forward's hidden states (all when None)."""
         t0 = self._now()
@@ -46,8 +50,13 @@ class Finishing:
         self._advance(reqs, out)
 
     def _advance(self: Scheduler, reqs: list[Req], out: SampleOutput) -> None:
-        """Append each request's sampled token, then finish, jump forward or tell its caller. A request that
-        finished meanwhile (aborted while its step was in flight, under overlap scheduling) is skipped."""
+        """Append each request's sampled token, then finish, jump forward or tell its caller (with
+        follow_up_wait_s once the batch is done: `_callers_told_after`). A request that finished meanwhile
+        (aborted while its step was in flight, under overlap scheduling) is skipped."""
+        with self._callers_told_after():
+            self._advance_batch(reqs, out)
+
+    def _advance_batch(self: Scheduler, reqs: list[Req], out: SampleOutput) -> None:
         now = t0 = self._now()
         live = [i for i, r in enumerate(reqs) if not r.finished]
         self.counters.generated_tokens += len(live)
@@ -265,10 +274,34 @@ class Finishing:
                                      "completion_tokens": len(req.output_ids)})
         self._notify(req)
 
+    @contextlib.contextmanager
+    def _callers_told_after(self: Scheduler) -> Iterator[None]:
+        """With config.follow_up_wait_s, inside the block `_notify` only notes the request and its caller is told
+        at the block's end (each request once, in the order first noted; nested blocks tell at the outermost
+        one's end), and the callers of ended requests are counted for `_await_follow_ups`. A caller told
+        wakes its thread, which takes the GIL from this one: told one by one, the woken program threads ran
+        while this thread still had the rest of the batch's tree work and bookkeeping to do (the suite's cache
+        and advance phases on a GPU took 2-6x their CPU time, waiting for the GIL)."""
+        if self._told_after is not None or not self.config.follow_up_wait_s:
+            yield
+            return
+        noted: dict[int, Req] = {}
+        self._told_after = noted
+        try:
+            yield
+        finally:
+            self._told_after = None
+            for req in noted.values():
+                self._follow_ups += req.finished
+                self._notify(req)
+
     def _notify(self: Scheduler, req: Req) -> None:
         """Tell the request's caller (its on_update callback). A caller that has gone away (a closed event loop:
         a stopped notebook server thread; a broken queue) is detached and its request aborted, here in the
         scheduler thread: a client's failure never reaches the engine or other requests."""
+        if self._told_after is not None:  # told at the end of the batch (_callers_told_after)
+            self._told_after.setdefault(id(req), req)
+            return
         callback = req.on_update
         if callback is None:
             return

@@ -235,8 +235,13 @@ class PrefillRounds:
 
     def _resolve_prefill(self: Scheduler, pending: PendingPrefill) -> None:
         """Read a launched prefill batch's results: each request's prompt logprobs, the end of those that
-        generate nothing (a select's choices), the first token of the others. Requests that finished meanwhile
-        (aborted while the batch was pending) are skipped."""
+        generate nothing (a select's choices), the first token of the others (their callers told once the
+        whole batch is read, with follow_up_wait_s). Requests that finished meanwhile (aborted while the batch
+        was pending) are skipped."""
+        with self._callers_told_after():
+            self._read_prefill(pending)
+
+    def _read_prefill(self: Scheduler, pending: PendingPrefill) -> None:
         t0 = self._now()
         hidden = pending.hidden
         batched = None

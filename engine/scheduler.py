@@ -89,6 +89,7 @@ class Counters:
     slowest: list = field(default_factory=list)
     overlapped_steps: int = 0  # decode steps launched before the previous step's tokens reached the host
     overlapped_prefills: int = 0  # prefill batches launched before the previous batch's results reached the host
+    follow_up_waits: int = 0  # waits for told callers' next requests before an admission (follow_up_wait_s)
     mixed_batches: int = 0  # prefill forwards that running requests' decode steps rode along with
     encoded_items: int = 0  # images / videos run through the encoder (cache misses)
     encoder_seconds: float = 0.0
@@ -148,6 +149,10 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         self.overlap_prefill: bool = (self.overlap and getattr(runner, "supports_overlap", False)
                                       and (runner.device.type == "cuda" if flag is None else flag))
         self._pending_prefill: PendingPrefill | None = None
+        # with config.follow_up_wait_s: the requests whose callers the batch being read tells at its end
+        # (Finishing._callers_told_after), and how many told callers' requests had ended since the last wait
+        self._told_after = None
+        self._follow_ups = 0
         self._rid_lock = threading.Lock()
 
     # ---- thread-safe entry points ----------------------------------------------------------------------
@@ -213,6 +218,8 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         try:
             while not self._stop:
                 self._drain_inbox(block=not self.busy)
+                if self._follow_ups:
+                    self._await_follow_ups()
                 if self._stop:
                     break
                 self._apply_aborts()
@@ -309,24 +316,49 @@ class Scheduler(PrefillRounds, DecodeRounds, Finishing):
         if block:
             self._phase("idle", t0)
         while True:
-            kind, payload = item
-            if kind == "req":
-                self.waiting.append(payload)
-                self.counters.prompt_tokens += len(payload.origin_input_ids)
-                # input_ids is the request's own list (no copy): benchmarks compute the optimal hit rate from it
-                self.events.emit("request", {"rid": payload.rid, "state": "queued",
-                                             "prompt_tokens": len(payload.origin_input_ids),
-                                             "input_ids": payload.origin_input_ids})
-            elif kind == "abort":
-                self._aborts[id(payload)] = payload
-            elif kind == "flush":
-                self._pending_flush.append(payload)
-            elif kind == "stop":
-                self._stop = True
+            self._take(item)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _await_follow_ups(self) -> None:
+        """Callers whose requests ended were just told (config.follow_up_wait_s): their threads' next requests
+        are taken in before the next admission, waiting at most follow_up_wait_s and no longer than a tenth of
+        it without a new arrival (the woken threads are done or blocked). Under overlap scheduling the device
+        still runs the launched batch meanwhile."""
+        self._follow_ups = 0
+        wait = self.config.follow_up_wait_s
+        t0 = self._now()
+        deadline = t0 + wait
+        while not self._stop:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                item = self.inbox.get(timeout=min(left, wait / 10))
+            except queue.Empty:
+                break
+            self._take(item)
+        self.counters.follow_up_waits += 1
+        self._phase("idle", t0)
+
+    def _take(self, item: tuple[str, Any]) -> None:
+        """One inbox item into the scheduler's state: a request queued, an abort or flush noted, or the stop."""
+        kind, payload = item
+        if kind == "req":
+            self.waiting.append(payload)
+            self.counters.prompt_tokens += len(payload.origin_input_ids)
+            # input_ids is the request's own list (no copy): benchmarks compute the optimal hit rate from it
+            self.events.emit("request", {"rid": payload.rid, "state": "queued",
+                                         "prompt_tokens": len(payload.origin_input_ids),
+                                         "input_ids": payload.origin_input_ids})
+        elif kind == "abort":
+            self._aborts[id(payload)] = payload
+        elif kind == "flush":
+            self._pending_flush.append(payload)
+        elif kind == "stop":
+            self._stop = True
 
     def _groups(self, reqs: list[Req]) -> tuple[list[int], list[tuple[int, int, int]] | None]:
         """An order of the batch that puts requests sharing a cached prefix together, and those groups (see

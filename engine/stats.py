@@ -59,6 +59,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "overlap_schedule": s.overlap,
         "overlapped_steps": c.overlapped_steps,
         "overlapped_prefills": c.overlapped_prefills,
+        "follow_up_waits": c.follow_up_waits,
         "mixed_batches": c.mixed_batches,
         "gen_tokens_per_s": sum(x[1] for x in window) / span if window else 0.0,
         "prefill_tokens_per_s": sum(x[2] for x in window) / span if window else 0.0,
