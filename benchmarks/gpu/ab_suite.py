@@ -58,6 +58,15 @@ def main() -> None:
     site = [p for p in paths if p not in new]
     packages = {"base": [str(base_package(args.base, Path("/tmp/sgnb-ab-base")))], "new": new}
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    # the base engine under the carried sgnb/ must import (2026-12-08, call 7: sgnb/ used a function the base
+    # engine lacked; every base run failed and the new runs had nothing to be compared with)
+    for which in sorted(set(args.order.split(","))):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*packages[which], *site]))
+        p = subprocess.run([sys.executable, "-P", "-c", "import sgnb, sgnb.engine.engine, sgnb.interpreter"],
+                           env=env, capture_output=True, text=True, cwd=ROOT)
+        if p.returncode:
+            sys.exit(f"the {which} package does not import (a base engine must match the carried sgnb/):\n"
+                     f"{p.stderr[-2000:]}")
     for i, which in enumerate(args.order.split(",")):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([*packages[which], *site]))
         out = args.out_dir / f"ab_{i}_{which}.json"
