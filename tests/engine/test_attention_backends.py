@@ -86,6 +86,24 @@ def _close(got: list[float], want: list[float], tol: float) -> None:
     assert diff < tol, f"max |logprob diff| {diff:.3g} >= {tol}"
 
 
+def _with_and_without(eng, flag: str, counter: str, **generate_kwargs) -> dict[bool, list[dict]]:
+    """The same generate call with the scheduler's `flag` off, then on (restored after), each from a flushed
+    cache; the stats' `counter` must move only with the flag on (it did what it says)."""
+    sched = eng.scheduler
+    saved = getattr(sched, flag)
+    outs = {}
+    try:
+        for on in (False, True):
+            setattr(sched, flag, on)
+            eng.flush_cache()
+            before = eng.get_stats()[counter]
+            outs[on] = eng.generate(**generate_kwargs)
+            assert (eng.get_stats()[counter] > before) is on
+    finally:
+        setattr(sched, flag, saved)
+    return outs
+
+
 def _teacher_forced(reference, prompt: list[int], out: dict) -> None:
     """Each generated token's logprob equals the reference's prompt logprob of that token after the same text."""
     gen = out["output_ids"]
@@ -298,20 +316,10 @@ def test_overlap_through_the_graphs_matches_step_by_step(graph_engine):
     """Overlap scheduling feeds the decode graphs the previous step's tokens on the device (input_ids_device):
     the same tokens and logprobs as stepping one at a time, across batch sizes that cross ladder steps."""
     eng = graph_engine
-    sched = eng.scheduler
-    saved = sched.overlap
     prompts = [eng.tokenizer.encode(PREFIX[: 50 + 19 * i] + f" Item {i}:") for i in range(5)]
     sp = [{"max_new_tokens": 4 + 3 * i, "temperature": 0, "ignore_eos": True} for i in range(5)]
-    outs = {}
-    try:
-        for flag in (False, True):
-            sched.overlap = flag
-            eng.flush_cache()
-            before = eng.get_stats()["overlapped_steps"]
-            outs[flag] = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True)
-            assert (eng.get_stats()["overlapped_steps"] > before) is flag
-    finally:
-        sched.overlap = saved
+    outs = _with_and_without(eng, "overlap", "overlapped_steps", input_ids=prompts, sampling_params=sp,
+                             return_logprob=True)
     for a, b in zip(outs[False], outs[True]):
         assert a["output_ids"] == b["output_ids"]
         la = [t[0] for t in a["meta_info"]["output_token_logprobs"]]
@@ -486,20 +494,10 @@ def test_overlapped_prefill_matches_one_batch_at_a_time(overlap_prefill_engine):
     """Prefill batches launched before the previous batch's results are read (overlap_prefill) give the first
     tokens and prompt logprobs of reading each batch at once, on the same engine and batches."""
     eng = overlap_prefill_engine
-    sched = eng.scheduler
     prompts = [eng.tokenizer.encode(PREFIX[: 40 + 13 * i] + f" Item {i}:") for i in range(8)]
     sp = [{"max_new_tokens": 1 + i % 3, "temperature": 0, "ignore_eos": True} for i in range(8)]
-    outs = {}
-    try:
-        for flag in (False, True):
-            sched.overlap_prefill = flag
-            eng.flush_cache()
-            before = eng.get_stats()["overlapped_prefills"]
-            outs[flag] = eng.generate(input_ids=prompts, sampling_params=sp, return_logprob=True,
-                                      logprob_start_len=0, top_logprobs_num=2)
-            assert (eng.get_stats()["overlapped_prefills"] > before) is flag
-    finally:
-        sched.overlap_prefill = True
+    outs = _with_and_without(eng, "overlap_prefill", "overlapped_prefills", input_ids=prompts, sampling_params=sp,
+                             return_logprob=True, logprob_start_len=0, top_logprobs_num=2)
     tol = 1e-3 if CUDA else 1e-5
     for a, b in zip(outs[False], outs[True]):
         assert a["output_ids"] == b["output_ids"]
